@@ -1,0 +1,35 @@
+"""Everything Hydra needs before composing: schemas in the ConfigStore and our resolvers."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from omegaconf import OmegaConf
+
+_DONE = False
+
+
+def run_dir(run_name: str | None, override_dirname: str | None) -> str:
+    """The run's folder name: `run_name` if given, else the (sorted) overrides, else `default`.
+
+    The same command therefore lands in the same folder — which is what makes re-running it resume from
+    `last.ckpt` — while any change of an override gives a new folder.
+    """
+    if run_name:
+        return str(run_name)
+    name = re.sub(r"[^A-Za-z0-9_.,=+\-]", "_", override_dirname or "") or "default"
+    if len(name) > 120:
+        name = name[:100] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
+    return name
+
+
+def setup() -> None:
+    global _DONE
+    if _DONE:
+        return
+    from lra_bench.schema import register_schemas
+
+    register_schemas()
+    OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)
+    _DONE = True

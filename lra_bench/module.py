@@ -1,0 +1,91 @@
+"""The one LightningModule: a classifier, cross-entropy, accuracy per stage, AdamW with warm-up + decay."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    """Multiplier on the base lr at optimizer step `s`: linear warm-up, then linear/cosine decay or constant."""
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return max(0.0, 1.0 - progress)
+
+    return factor
+
+
+class LRAModule(pl.LightningModule):
+    def __init__(self, model: nn.Module, num_classes: int, optim: dict[str, Any], max_steps: int) -> None:
+        super().__init__()
+        self.model = model
+        self.optim_cfg, self.max_steps = dict(optim), max_steps
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model(batch)
+
+    def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self(batch)
+        return F.cross_entropy(logits.float(), batch["label"]), logits.argmax(-1)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, preds = self._step(batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"loss is {loss.item()} at step {self.global_step}; stopping (last good checkpoint kept)"
+            )
+        self.train_loss(loss)
+        self.train_acc(preds, batch["label"])
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=True, on_epoch=False, prog_bar=False)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        loss, preds = self._step(batch)
+        self.val_loss(loss)
+        self.val_acc(preds, batch["label"])
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        loss, preds = self._step(batch)
+        self.test_loss(loss)
+        self.test_acc(preds, batch["label"])
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        o = self.optim_cfg
+        optimizer = torch.optim.AdamW(
+            self.parameters(),
+            lr=o["lr"],
+            betas=tuple(o.get("betas", (0.9, 0.999))),
+            eps=o.get("eps", 1e-6),
+            weight_decay=o.get("weight_decay", 0.0),
+        )
+        schedule = lr_lambda(o.get("schedule", "linear"), int(o.get("warmup_steps", 0)), self.max_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,57 @@
+"""The config tree at start and the one-screen summary at the end (rich)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+ORDER = ("task", "attn", "selector", "protocol", "model", "optim", "data", "trainer", "logger", "diagnostics")
+
+
+def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
+    tree = Tree("config", guide_style="dim")
+    keys = [k for k in ORDER if k in cfg] + [k for k in cfg if k not in ORDER]
+    for key in keys:
+        value = cfg[key]
+        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        tree.add(f"[bold]{key}[/]").add(text.rstrip())
+    console = Console()
+    console.print(tree)
+    if save_to is not None:
+        with open(save_to, "w") as fh:
+            Console(file=fh, width=120).print(tree)
+
+
+def _fmt(value: Any, fmt: str = "{}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def print_summary(record: dict[str, Any]) -> None:
+    m, run = record["metrics"], record["run"]
+    title = f"{record['task']} · {record['attn']}" + (f" · {record['selector']}" if record.get("selector") else "")
+    table = Table(title=f"lra-bench — {title} — {record['status']}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("val accuracy (best)", _fmt(m["val_acc"], "{:.4f}") + f"  at step {_fmt(m['best_step'])}"),
+        ("test accuracy (best-val ckpt)", _fmt(m["test_acc"], "{:.4f}")),
+        ("majority class (val)", _fmt(record.get("data", {}).get("majority_share"), "{:.4f}")),
+        ("training steps", _fmt(m["train_steps"])),
+        ("median step time", _fmt(m["step_time_median_s"] and m["step_time_median_s"] * 1000, "{:.1f} ms")),
+        ("tokens / s", _fmt(m["tokens_per_s"], "{:,.0f}")),
+        ("data loading share", _fmt(m["data_share"] and 100 * m["data_share"], "{:.1f} %")),
+        ("peak memory", _fmt(m["peak_memory_mib"], "{:,.0f} MiB") + f"  ({m.get('peak_memory_kind', '')})"),
+        ("parameters", _fmt(m["params"], "{:,}")),
+        ("outputs", str(run["output_dir"])),
+        ("result record", str(Path(run["output_dir"]) / "results.json")),
+    ]
+    if record.get("error"):
+        rows.append(("error", str(record["error"])))
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)

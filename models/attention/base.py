@@ -1,0 +1,38 @@
+"""The attention interface every variant implements.
+
+`forward(q, k, v, mask) -> out` with `q, k, v: [B, H, N, D]` and `mask: [B, N]` bool (True = real token,
+None = no padding). Variants know nothing of tasks or training. `implied_matrix(q, k, mask)` returns the
+N×N row-operator the method applies to V (exact softmax for `full`); it exists for diagnostics on short
+probe sequences only — no training path may call it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    """Base class. Subclasses set `takes_selector` when they accept a landmark selector."""
+
+    #: whether a `selector` is part of this attention's configuration
+    takes_selector: bool = False
+    #: registry name, set by `register_attention`
+    registry_name: str = ""
+
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.num_heads = num_heads
+        self.seq_len = seq_len
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def implied_matrix(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The `[B, H, N, N]` matrix Â with `forward(q, k, v) ≈ Â v` (padded rows/cols zero)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its implied matrix")
+
+    def extra_diagnostics(self) -> dict[str, float]:
+        """Scalars a variant reports about its last forward (e.g. the rank kept); empty by default."""
+        return {}

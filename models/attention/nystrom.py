@@ -1,0 +1,124 @@
+"""Nyström attention (Nyströmformer, Xiong et al. 2021) with any landmark selector.
+
+    Â V = softmax(Q K̃ᵀ/√d) · pinv(softmax(Q̃ K̃ᵀ/√d)) · (softmax(Q̃ Kᵀ/√d) V),   evaluated right to left,
+
+plus an optional depthwise convolution of V along the sequence (kernel 35 in the LRA config). As in the
+reference code, Q and K are each scaled by d^(-1/4) before landmarks are taken, so landmarks are means of
+the scaled vectors. Every kernel masks padding: padded keys in softmax(Q̃Kᵀ), invalid landmarks in the other
+two (their core rows/columns become the identity so they drop out of the product exactly). The m×m core
+and its pseudo-inverse are always fp32, even under autocast. Subclasses (GPA, …) reuse `kernels()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.attention.base import Attention
+from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv, masked_softmax
+from models.attention.registry import register_attention
+from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
+
+
+@dataclass
+class NystromConfig:
+    name: str = "nystrom"
+    num_landmarks: Any = 64  # int, or "log2" for ⌈log₂ n⌉
+    pinv: str = "iterative"  # "iterative" (Nyströmformer) or "exact" (fp32 torch.linalg.pinv)
+    pinv_iterations: int = 6
+    pinv_init: str = "per_matrix"  # or "original" (batch-wide norms, as the reference code)
+    conv_kernel: int = 35  # depthwise conv skip on V; 0 disables it
+
+
+@dataclass
+class NystromKernels:
+    """The three Nyström factors: `left [B,H,N,m]`, `core_inv [B,H,m,m]` (fp32), `right [B,H,m,N]`."""
+
+    left: torch.Tensor
+    core_inv: torch.Tensor
+    right: torch.Tensor
+    landmarks: Landmarks
+
+
+@register_attention("nystrom", config=NystromConfig)
+class NystromAttention(Attention):
+    takes_selector = True
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        num_landmarks: int | str = 64,
+        pinv: str = "iterative",
+        pinv_iterations: int = 6,
+        pinv_init: str = "per_matrix",
+        conv_kernel: int = 35,
+    ) -> None:
+        super().__init__(head_dim, num_heads, seq_len)
+        if pinv not in ("iterative", "exact"):
+            raise ValueError(f"attn.pinv={pinv!r}: expected 'iterative' or 'exact'")
+        self.selector = selector
+        self.num_landmarks = num_landmarks
+        self.pinv = pinv
+        self.pinv_iterations = pinv_iterations
+        self.pinv_init = pinv_init
+        self.conv = None
+        if conv_kernel:
+            self.conv = nn.Conv2d(
+                num_heads, num_heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=num_heads, bias=False
+            )
+
+    def landmark_count(self, seq_len: int) -> int:
+        return resolve_num_landmarks(self.num_landmarks, seq_len)
+
+    def select_landmarks(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
+        return self.selector(q, k, mask, self.landmark_count(q.shape[-2]))
+
+    def invert_core(self, core: torch.Tensor) -> torch.Tensor:
+        if self.pinv == "exact":
+            return exact_pinv(core)
+        return iterative_pinv(core, self.pinv_iterations, self.pinv_init)
+
+    def kernels(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> NystromKernels:
+        scale = q.shape[-1] ** -0.25
+        q, k = q * scale, k * scale
+        lm = self.select_landmarks(q, k, mask)
+        valid = lm.valid[..., None, :]  # [B, H, 1, m]
+        left = masked_softmax(q @ lm.keys.transpose(-1, -2), valid)
+        key_valid = None if mask is None else mask[:, None, None, :]
+        right = masked_softmax(lm.queries @ k.transpose(-1, -2), key_valid)
+        with fp32_core(q.device):
+            pair = lm.valid[..., :, None] & lm.valid[..., None, :]
+            core = masked_softmax(lm.queries.float() @ lm.keys.float().transpose(-1, -2), valid)
+            eye = torch.eye(core.shape[-1], device=core.device, dtype=core.dtype)
+            core = torch.where(pair, core, eye)
+            core_inv = self.invert_core(core)
+        return NystromKernels(left=left, core_inv=core_inv, right=right, landmarks=lm)
+
+    def skip(self, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        if self.conv is None:
+            return None
+        if mask is not None:
+            v = v * mask[:, None, :, None].to(v.dtype)
+        return self.conv(v)
+
+    def forward(self, q, k, v, mask):
+        kern = self.kernels(q, k, mask)
+        context = kern.right @ v  # [B, H, m, D]
+        with fp32_core(q.device):
+            context = (kern.core_inv @ context.float()).to(v.dtype)
+        out = kern.left @ context
+        skip = self.skip(v, mask)
+        return out if skip is None else out + skip
+
+    def implied_matrix(self, q, k, mask):
+        kern = self.kernels(q, k, mask)
+        mat = kern.left.float() @ kern.core_inv @ kern.right.float()
+        if mask is not None:
+            mat = mat * mask[:, None, :, None]
+        return mat

@@ -1,0 +1,129 @@
+"""The LRA encoder: token + learned position embeddings, pre-LN transformer blocks, pooling.
+
+Matches the Nyströmformer/Skyformer LRA model (2 layers, dim 64, FFN 128, 2 heads, dropout 0.1) when built
+with the `nystromformer` protocol. The attention operator is injected by a factory so that every block gets
+its own instance (selectors may hold per-layer state, e.g. GPA's codebook).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from models.attention.base import Attention
+
+POOLINGS = ("mean", "mean_legacy", "cls")
+
+
+class MultiHeadAttention(nn.Module):
+    """Projections around an `Attention` operator. Pads never carry values and never receive outputs."""
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int, attention: Attention, dropout: float) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.qkv = nn.Linear(dim, 3 * num_heads * head_dim)
+        self.attention = attention
+        self.out = nn.Linear(num_heads * head_dim, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`x [B, N, dim]` → q, k, v `[B, H, N, D]`."""
+        b, n, _ = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self.project(x)
+        if mask is not None:
+            v = v * mask[:, None, :, None].to(v.dtype)
+        ctx = self.attention(q, k, v, mask)
+        if mask is not None:
+            ctx = ctx * mask[:, None, :, None].to(ctx.dtype)
+        b, _, n, _ = ctx.shape
+        return self.dropout(self.out(ctx.transpose(1, 2).reshape(b, n, -1)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + Attn(LN(x)), then x + FFN(LN(x))."""
+
+    def __init__(self, dim: int, ffn_dim: int, attn: MultiHeadAttention, dropout: float) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), attn
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(
+            nn.Linear(dim, ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_dim, dim), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), mask)
+        return x + self.ffn(self.norm2(x))
+
+
+def pool(x: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """`mean` averages real tokens; `mean_legacy` averages all positions, pads included (the Nyströmformer
+    code's behaviour, kept for parity); `cls` takes position 0 (the encoder prepends a CLS token)."""
+    if pooling == "cls":
+        return x[:, 0]
+    if pooling == "mean_legacy" or mask is None:
+        return x.mean(dim=1)
+    if pooling == "mean":
+        weights = mask.to(x.dtype).unsqueeze(-1)
+        return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+    raise ValueError(f"model.pooling={pooling!r}: expected one of {POOLINGS}")
+
+
+class Encoder(nn.Module):
+    """Token ids `[B, N]` (+ mask) → pooled representation `[B, dim]`."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        head_dim: int,
+        ffn_dim: int,
+        attention_factory: Callable[[int], Attention],
+        dropout: float = 0.1,
+        pooling: str = "mean",
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"model.pooling={pooling!r}: expected one of {POOLINGS}")
+        self.pooling = pooling
+        self.use_cls = pooling == "cls"
+        total_len = seq_len + int(self.use_cls)
+        self.token_emb = nn.Embedding(vocab_size, dim)
+        self.pos_emb = nn.Embedding(total_len, dim)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if self.use_cls else None
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(
+                dim,
+                ffn_dim,
+                MultiHeadAttention(dim, num_heads, head_dim, attention_factory(total_len), dropout),
+                dropout,
+            )
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        nn.init.normal_(self.token_emb.weight, std=0.02)
+        nn.init.normal_(self.pos_emb.weight, std=0.02)
+
+    def embed(self, ids: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = self.token_emb(ids)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
+        positions = torch.arange(x.shape[1], device=ids.device)
+        return self.drop(x + self.pos_emb(positions)), mask
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x, mask = self.embed(ids, mask)
+        for block in self.blocks:
+            x = block(x, mask)
+        return pool(self.norm(x), mask, self.pooling)

@@ -1,0 +1,87 @@
+"""The landmark-selector interface and the masked cluster-mean helper every selector shares.
+
+A selector maps queries and keys `[B, H, N, D]` plus a padding mask `[B, N]` (True = real token) to `m`
+landmark queries and keys. Landmarks may be cluster means (segment means, k-means) or tokens (uniform,
+pivoted QR); in the second case `indices` names the tokens so that exact columns of A can be formed.
+Padding never becomes, or contributes to, a landmark: a landmark without any real token behind it is
+reported invalid in `valid`, and every attention masks invalid landmarks out of all its kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Landmarks:
+    """Landmark queries/keys `[B, H, m, D]`, validity `[B, H, m]` and, for token landmarks, indices `[B, H, m]`."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    valid: torch.Tensor
+    indices: torch.Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        return self.queries.shape[-2]
+
+
+def resolve_num_landmarks(m: int | str, seq_len: int) -> int:
+    """`m` is an integer or `"log2"` (⌈log₂ n⌉, GPA's default); never more than the sequence length."""
+    if isinstance(m, str):
+        if m != "log2":
+            raise ValueError(f"num_landmarks={m!r}: expected a positive integer or 'log2'")
+        value = max(1, math.ceil(math.log2(max(seq_len, 2))))
+    else:
+        value = int(m)
+    if value < 1:
+        raise ValueError(f"num_landmarks={m!r}: expected a positive integer or 'log2'")
+    return min(value, seq_len)
+
+
+def broadcast_mask(mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """A `[B, N]` bool mask (None = all real) as `[B, 1, N]`-broadcastable bool on q's device."""
+    if mask is None:
+        return torch.ones(q.shape[0], 1, q.shape[2], dtype=torch.bool, device=q.device)
+    return mask[:, None, :].to(device=q.device, dtype=torch.bool)
+
+
+def cluster_means(
+    x: torch.Tensor, assignment: torch.Tensor, mask: torch.Tensor, m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked means of `x [B, H, N, D]` over `m` clusters given integer `assignment [B, H, N]`.
+
+    Computed as a one-hot `[B, H, m, N]` matmul rather than `scatter_add`: it is deterministic on every
+    device, differentiable in `x`, and stays O(N·m) in memory (never N×N). Returns the means and the
+    per-cluster real-token counts `[B, H, m]` (0 = empty cluster, mean 0).
+    """
+    real = mask.expand(assignment.shape).to(x.dtype)
+    onehot = torch.nn.functional.one_hot(assignment.long(), m).to(x.dtype)  # [B, H, N, m]
+    onehot = onehot * real.unsqueeze(-1)
+    counts = onehot.sum(dim=-2)  # [B, H, m]
+    sums = onehot.transpose(-1, -2) @ x  # [B, H, m, D]
+    means = sums / counts.clamp_min(1.0).unsqueeze(-1)
+    return means, counts
+
+
+class LandmarkSelector(nn.Module):
+    """Base class: subclasses implement `select`. Held as a submodule so state (buffers) checkpoints."""
+
+    #: True when the landmarks are tokens of the sequence (so `Landmarks.indices` is set).
+    token_landmarks: bool = False
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, m: int) -> Landmarks:
+        return self.select(q, k, broadcast_mask(mask, q), m)
+
+    def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
+        """`mask` is `[B, 1, N]` bool here. Return `m` landmarks."""
+        raise NotImplementedError
+
+
+def gather_tokens(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Rows `indices [B, H, m]` of `x [B, H, N, D]` → `[B, H, m, D]`."""
+    return torch.gather(x, 2, indices.unsqueeze(-1).expand(*indices.shape, x.shape[-1]))

@@ -1,0 +1,34 @@
+"""lra-bench entry point: `python run.py task=listops attn=gpa` (see README.md and `--help`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from lra_bench.hydra_setup import setup
+
+setup()
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    from lra_bench.train import train
+    from lra_bench.validate import ConfigError
+    from tasks.layout import DataSourceError
+
+    try:
+        record = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except (ConfigError, DataSourceError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        if HydraConfig.get().mode.name == "RUN":
+            sys.exit(2)
+        raise
+    return record["metrics"].get("val_acc")
+
+
+if __name__ == "__main__":
+    main()

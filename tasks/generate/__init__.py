@@ -1,0 +1,1 @@
+"""Data generators (ListOps, Pathfinder) that write the official file layouts."""
