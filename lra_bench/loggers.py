@@ -15,10 +15,16 @@ WANDB_ID_FILE = "wandb_id.txt"
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
-def wandb_run_id(output_dir: Path) -> str:
+def wandb_run_id(output_dir: Path) -> str | None:
+    """The run dir's W&B id, created by rank 0 on first use (other DDP ranks never write it: they only read it,
+    and their WandbLogger never starts a run anyway)."""
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
     path = output_dir / WANDB_ID_FILE
     if path.exists():
         return path.read_text().strip()
+    if rank_zero_only.rank != 0:
+        return None
     run_id = uuid.uuid4().hex[:12]
     path.write_text(run_id + "\n")
     return run_id

@@ -1,13 +1,16 @@
 """One training run: validate the config, build data + model, fit, test on the best-val checkpoint, record.
 
 Resuming is the default: the run's output dir is derived from its overrides (same command → same dir), and
-`ckpt_path=last` continues from `<output_dir>/checkpoints/last.ckpt` when it exists.
+`ckpt_path=last` continues from `<output_dir>/checkpoints/last.ckpt` when it exists (a corrupt one falls back to
+`last-prev.ckpt`, then the best checkpoint; see `lra_bench.checkpointing`, which also owns requeue handling).
+Under DDP every rank runs this function; only rank 0 writes the result record, config tree and summary.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,9 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench import results
+from lra_bench import checkpointing, results
 from lra_bench.callbacks import EfficiencyMonitor
 from lra_bench.envinfo import environment
 from lra_bench.loggers import build_loggers, finish_wandb
@@ -74,20 +78,89 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 
 
 def slurm_plugins() -> list[Any]:
-    """Under SLURM exactly one component owns requeueing: submitit (or the user's sbatch), not Lightning."""
+    """Under SLURM exactly one component owns requeueing: submitit (or the user's sbatch), not Lightning.
+
+    Lightning would otherwise pick `SLURMEnvironment(auto_requeue=True)` by itself (a SIGUSR1 handler that
+    requeues, and a SIGTERM bypass) whenever the job runs under srun. Lightning's plain SIGTERM notifier stays:
+    it only stops training at the next step boundary.
+    """
     if "SLURM_JOB_ID" not in os.environ:
         return []
     from pytorch_lightning.plugins.environments import SLURMEnvironment
 
-    return [SLURMEnvironment(auto_requeue=False)]
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def check_launch(cfg: DictConfig) -> None:
+    """Refuse Lightning's `ddp` script launcher inside a Hydra multirun (outside SLURM/torchrun).
+
+    That launcher starts ranks 1.. by re-running the command line with `hydra.run.dir=<run dir>`: right for a
+    single run (the children land in the same dir), wrong in a multirun, where the command line is the whole
+    sweep and the job's dir is the sweep subdir. Under SLURM, srun starts the ranks, so it is fine there.
+    """
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    devices = cfg.trainer.get("devices", 1)
+    if not strategy.startswith("ddp") or "spawn" in strategy or "fork" in strategy or str(devices) in ("1", "[0]"):
+        return
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from pytorch_lightning.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
+        return
+    from lra_bench.validate import ConfigError
+
+    raise ConfigError(
+        f"trainer.strategy={strategy} with trainer.devices={devices} inside a Hydra multirun: Lightning's ddp "
+        "launcher would re-run the whole sweep for every rank. Use hydra/launcher=slurm (srun starts the ranks; "
+        "hydra.launcher.tasks_per_node=trainer.devices), run the job without -m, or trainer.strategy=ddp_spawn."
+    )
+
+
+def requeue_grace_s() -> float:
+    """How long after submitit's USR2 we may wait for a step boundary: half the launcher's signal_delay_s."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        delay = HydraConfig.get().launcher.get("signal_delay_s") if HydraConfig.initialized() else None
+    except Exception:  # not under Hydra, or a launcher without the key
+        delay = None
+    return max(5.0, 0.5 * float(delay)) if delay else 60.0
+
+
+def launch_token() -> str:
+    """The same string on every rank of one launch (srun tasks, or ddp children of one parent), new per launch."""
+    if "SLURM_JOB_ID" in os.environ:
+        return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return f"pid-{os.getppid() if os.environ.get('LOCAL_RANK', '0') != '0' else os.getpid()}"
+
+
+def prepare_data(dm: Any, output_dir: Path, is_zero: bool, timeout_s: float = 6 * 3600) -> None:
+    """Rank 0 generates/caches the data; other ranks wait for its marker, then load the cache (no races)."""
+    marker = output_dir / ".data-ready"
+    token = launch_token()
+    if is_zero:
+        dm.prepare_data()
+        dm.setup()
+        marker.write_text(token + "\n")
+        return
+    deadline = time.monotonic() + timeout_s
+    while not (marker.exists() and marker.read_text().strip() == token):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not prepare the data within {timeout_s:.0f}s ({marker})")
+        time.sleep(1.0)
+    dm.setup()
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     if cfg.ckpt_path in (None, "none", "null"):
         return None
     if cfg.ckpt_path == "last":
-        last = output_dir / CHECKPOINT_DIR / "last.ckpt"
-        return str(last) if last.exists() else None
+        resume = checkpointing.find_resumable(output_dir / CHECKPOINT_DIR)
+        checkpointing.log_resume(resume)
+        return resume.path
     path = Path(str(cfg.ckpt_path)).expanduser()
     if not path.exists():
         from lra_bench.validate import ConfigError
@@ -99,8 +172,7 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
 def checkpoint_step(path: str | None) -> int | None:
     if not path:
         return None
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    return int(ckpt.get("global_step", 0))
+    return int(checkpointing.load_checkpoint(path).get("global_step", 0))
 
 
 def majority_share(dm: Any) -> float | None:
@@ -119,7 +191,14 @@ def metric(trainer: pl.Trainer, key: str) -> float | None:
 def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Run and return the result record (also written to `<output_dir>/results.json`)."""
     validate(cfg)
+    check_launch(cfg)
     check_writable(output_dir)
+    is_zero = rank_zero_only.rank == 0
+
+    def write_record() -> None:
+        if is_zero:
+            results.write_atomic(record_path, record)
+
     record = results.empty_record()
     record.update(
         task=cfg.task.name,
@@ -133,32 +212,44 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     )
     record["run"].update(name=output_dir.name, output_dir=str(output_dir.resolve()), started_at=now())
     record_path = output_dir / results.FILENAME
-    results.write_atomic(record_path, record)
-    if cfg.print_config:
+    write_record()
+    if cfg.print_config and is_zero:
         print_config(cfg, save_to=output_dir / "config_tree.log")
 
+    requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
     try:
         pl.seed_everything(int(cfg.seed), workers=True)
         dm = build_datamodule(cfg)
-        dm.prepare_data()
-        dm.setup()
+        prepare_data(dm, output_dir, is_zero)
         record["data"].update(dm.data_info())
-        record["data"]["majority_share"] = majority_share(dm)
+        record["data"]["majority_share"] = majority_share(dm) if is_zero else None
         module = _build_module(cfg, dm)
         ckpt = resume_path(cfg, output_dir)
         record["run"]["resumed_from_step"] = checkpoint_step(ckpt)
+        # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
         checkpoint = ModelCheckpoint(
             dirpath=str(output_dir / CHECKPOINT_DIR),
             filename="best-{step}",
             monitor="val/acc",
             mode="max",
             save_top_k=1,
-            save_last=True,
+            save_last=False,
             auto_insert_metric_name=False,
-            every_n_train_steps=cfg.callbacks.checkpoint_every_n_steps,
         )
+        last = checkpointing.LastCheckpoint(output_dir / CHECKPOINT_DIR, cfg.callbacks.checkpoint_every_n_steps)
         efficiency = EfficiencyMonitor(warmup_steps=int(cfg.callbacks.stats_warmup_steps))
-        callbacks: list[pl.Callback] = [checkpoint, efficiency, *_extra_callbacks(cfg, dm, record)]
+        callbacks: list[pl.Callback] = [
+            checkpointing.FiniteGuard(),  # before the checkpoint callbacks (Lightning runs those last)
+            checkpointing.RNGState(),
+            checkpoint,
+            last,
+            requeue,  # after `last`: its on_train_end hand-over comes after the final save
+            efficiency,
+            *_extra_callbacks(cfg, dm, record),
+        ]
+        fault = cfg.get("fault")
+        if fault:
+            callbacks.append(checkpointing.FaultInjection(**OmegaConf.to_container(fault, resolve=True)))
         if cfg.callbacks.progress_bar:
             callbacks.append(RichProgressBar())
         loggers, wandb_id = build_loggers(
@@ -176,7 +267,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             plugins=slurm_plugins(),
         )
         if cfg.train:
-            trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+            trainer.fit(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)
         record["metrics"].update(efficiency.summary(module))
         record["metrics"]["train_steps"] = int(trainer.global_step)
         best = checkpoint.best_model_path or None
@@ -193,17 +284,21 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             )
             record["metrics"]["test_acc"] = metric(trainer, "test/acc")
         record["status"] = "completed"
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as err:  # SIGTERMException: stopped by a signal at a step boundary
         record["status"] = "interrupted"
+        record["error"] = f"{type(err).__name__}: stopped by a signal; re-running the same command resumes"
         raise
     except BaseException as err:
         record["status"], record["error"] = "failed", f"{type(err).__name__}: {err}"
         raise
     finally:
         record["run"]["finished_at"] = now()
-        results.write_atomic(record_path, record)
+        write_record()
         finish_wandb()
-    print_summary(record)
+        if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
+            requeue.hand_over()
+    if is_zero:
+        print_summary(record)
     return record
 
 

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from models.attention.registry import attention_entry, list_attentions
 from models.encoder import POOLINGS
 from models.heads import INTERACTIONS
+from models.landmarks import list_selectors, selector_class
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true")
@@ -45,6 +46,12 @@ def check_selector(cfg: DictConfig) -> None:
     if cls.takes_selector and selector == "none":
         raise ConfigError(
             f"selector=none: attn={cfg.attn.name} needs a landmark selector (e.g. selector=segment_means)"
+        )
+    if getattr(cls, "needs_token_landmarks", False) and not selector_class(selector).token_landmarks:
+        tokens = [n for n in list_selectors() if selector_class(n).token_landmarks]
+        raise ConfigError(
+            f"selector={selector}: attn={cfg.attn.name} needs token landmarks (exact columns of A), and {selector} "
+            f"returns cluster means; use one of selector={','.join(tokens)}"
         )
 
 

@@ -8,13 +8,14 @@ preprocessing parameter). Batches are dicts: `input_ids` (long), `mask` (bool, T
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from tasks import cache
 
@@ -36,6 +37,57 @@ class ArrowSplit(Dataset):
     def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
         rows = self.table[list(indices)]
         return {c: np.asarray(rows[c]) for c in self.columns}
+
+
+class ResumableSampler(DistributedSampler):
+    """Training order as a pure function of (seed, epoch, position), so a resumed run sees the same batches.
+
+    Epoch `e` is the permutation drawn from numpy's `default_rng([seed, e])`, cut to whole global batches; rank `r`
+    of `w` takes every `w`-th index from `r` (DistributedSampler's convention). On each `iter()` the position is
+    read from `consumed_batches()` — batches already trained on, i.e. `global_step × accumulate_grad_batches`,
+    which Lightning restores from the checkpoint — so epoch and offset follow from it and the batches already seen
+    in the current epoch are skipped. Nothing extra is stored in the checkpoint, and a checkpoint written at
+    `every_n_train_steps` or after a validation resumes alike. Without a position source (no trainer) it follows
+    `set_epoch` like any DistributedSampler. A DistributedSampler subclass so Lightning keeps it under DDP.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        seed: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        consumed_batches: Callable[[], int | None] | None = None,
+    ) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.size = len(dataset)  # type: ignore[arg-type]
+        self.batch_size = batch_size
+        self.batches_per_epoch = self.size // (batch_size * num_replicas)
+        self.num_samples = self.batches_per_epoch * batch_size  # per rank
+        self.total_size = self.num_samples * num_replicas
+        self.consumed_batches = consumed_batches
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def order(self, epoch: int) -> np.ndarray:
+        """This rank's indices for `epoch`, in order."""
+        perm = np.random.default_rng([self.seed, epoch]).permutation(self.size)[: self.total_size]
+        return perm[self.rank :: self.num_replicas]
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches already consumed in it) at this moment."""
+        consumed = None
+        if consumed is None:
+            return self.epoch, 0
+        return divmod(int(consumed), max(1, self.batches_per_epoch))
+
+    def __iter__(self) -> Iterator[int]:
+        if self.batches_per_epoch == 0:
+            return iter(())
+        epoch, offset = self.position()
+        return iter(self.order(epoch)[offset * self.batch_size :].tolist())
 
 
 class LRADataModule(pl.LightningDataModule):
@@ -86,7 +138,8 @@ class LRADataModule(pl.LightningDataModule):
         return {"task": self.task_name, "tokenizer": self.tokenizer_version, **self.cfg}
 
     def ensure_source(self) -> None:
-        """Check (or generate) the raw source before building; raise `DataSourceError` if missing."""
+        """Check (or generate) the raw source; raise `DataSourceError` if missing. Called on every
+        `prepare_data`, so it must be cheap when the source is already there."""
 
     def build_split(self, split: str) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -108,9 +161,9 @@ class LRADataModule(pl.LightningDataModule):
         return cache.cache_path(self.cache_dir, self.task_name, self.cache_params())
 
     def prepare_data(self) -> None:
+        self.ensure_source()  # cheap when the source is in place; may (re)generate it
         if cache.exists(self.cache_path, SPLITS):
             return
-        self.ensure_source()
         start = time.perf_counter()
         built = {split: cache.arrays_to_dataset(self.build_split(split)) for split in SPLITS}
         cache.save_splits(self.cache_path, built, self.cache_params())
@@ -156,7 +209,28 @@ class LRADataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.batch_size, shuffle=True)
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        batch_size = self.per_device_batch(self.batch_size)
+        split = self.splits["train"]
+        sampler = ResumableSampler(split, batch_size, self.seed, world, rank, self._consumed_train_batches)
+        return DataLoader(
+            split,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(self.seed),  # worker seeds: keep the global RNG untouched
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def _consumed_train_batches(self) -> int | None:
+        """Training batches consumed so far on this rank (restored by Lightning on resume); None without a trainer."""
+        trainer = self.trainer
+        if trainer is None:
+            return None
+        return int(trainer.global_step) * int(trainer.accumulate_grad_batches)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("val", self.eval_batch_size, shuffle=False)

@@ -8,6 +8,7 @@ is filled once by `tasks.generate.listops` with the configured knobs, and the ru
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from tasks.registry import register_task
 from tasks.tokenizers import ListOpsTokenizer, pad_truncate
 
 RELATIVE_DIR = "listops-1000"
+GENERATOR_MARKER = "generator.json"  # written beside data we generated: its knobs
 
 
 @dataclass
@@ -84,22 +86,40 @@ class ListOpsDataModule(LRADataModule):
     def generate_command(self, target: Path) -> str:
         return f"python -m tasks.generate.listops --out {target}"
 
+    def generator_knobs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.cfg.items() if k.startswith("gen_")} | {"file_prefix": self.cfg["file_prefix"]}
+
+    def stale_generated(self) -> bool:
+        """Files we generated earlier with other generator knobs (official files carry no marker)."""
+        files = self.files()
+        if files is None:
+            return False
+        marker = files["train"].parent / GENERATOR_MARKER
+        return marker.exists() and json.loads(marker.read_text()) != self.generator_knobs()
+
     def ensure_source(self) -> None:
-        if self.files() is not None:
-            return
-        target = Path(self.data_dir).expanduser() / RELATIVE_DIR
-        if not self.cfg["generate_if_missing"]:
-            looked = ", ".join(str(p) for p in candidates(self.data_dir, RELATIVE_DIR))
-            raise DataSourceError(
-                f"ListOps files {self.cfg['file_prefix']}_{{train,val,test}}.tsv not found (looked in {looked}). "
-                f"Make them with `{self.generate_command(target)}`, unpack the official lra_release archive under "
-                f"data_dir, or set task.generate_if_missing=true."
+        files, c = self.files(), self.cfg
+        if files is not None:
+            if not self.stale_generated():
+                return
+            target = files["train"].parent
+            if not c["generate_if_missing"]:
+                print(f"[listops] warning: {target} was generated with other generator settings; using it as is")
+                return
+            print(f"[listops] {target} was generated with other generator settings: regenerating")
+        else:
+            target = Path(self.data_dir).expanduser() / RELATIVE_DIR
+            if not c["generate_if_missing"]:
+                looked = ", ".join(str(p) for p in candidates(self.data_dir, RELATIVE_DIR))
+                raise DataSourceError(
+                    f"ListOps files {c['file_prefix']}_{{train,val,test}}.tsv not found (looked in {looked}). "
+                    f"Make them with `{self.generate_command(target)}`, unpack the official lra_release archive "
+                    f"under data_dir, or set task.generate_if_missing=true."
+                )
+            print(
+                f"[listops] no data under {self.data_dir}: generating {c['gen_num_train']}/{c['gen_num_val']}/"
+                f"{c['gen_num_test']} trees into {target} (seed {c['gen_seed']}) — once; later runs reuse them"
             )
-        c = self.cfg
-        print(
-            f"[listops] no data under {self.data_dir}: generating {c['gen_num_train']}/{c['gen_num_val']}/"
-            f"{c['gen_num_test']} trees into {target} (seed {c['gen_seed']}) — once; later runs reuse them"
-        )
         generator.write_splits(
             target,
             c["gen_num_train"],
@@ -112,6 +132,7 @@ class ListOpsDataModule(LRADataModule):
             min_length=c["gen_min_length"],
             max_length=c["gen_max_length"],
         )
+        (target / GENERATOR_MARKER).write_text(json.dumps(self.generator_knobs(), sort_keys=True) + "\n")
 
     def cache_params(self) -> dict[str, Any]:
         files = self.files() or {}

@@ -1,0 +1,286 @@
+"""Collect `results.json` records and aggregate them into leaderboard rows (no rendering here).
+
+Why separate: the numbers (means, stds, averages, which runs failed) are what tests check by hand; the
+markdown/CSV/plots only format them. Accuracies become percent here, once, so every output agrees.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lra_bench import results
+from lra_bench.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
+
+GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks")
+METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks")
+# Names a task may carry in a record, mapped to the canonical key (configs and older sweeps differ).
+TASK_ALIASES = {
+    "pathfinder32": "pathfinder",
+    "pathfinder-32": "pathfinder",
+    "path-x": "pathx",
+    "path_x": "pathx",
+    "pathfinder128": "pathx",
+    "cifar10": "image",
+    "imdb": "text",
+    "aan": "retrieval",
+}
+
+
+def canonical_task(name: Any) -> str:
+    text = str(name).strip().lower() if name is not None else "unknown"
+    return TASK_ALIASES.get(text, text)
+
+
+def as_percent(value: Any) -> float | None:
+    """Our records hold accuracy as a fraction (torchmetrics); papers print percent. Values > 1 are percent."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(number):
+        return None
+    return number * 100.0 if number <= 1.0 else number
+
+
+def find_results(dirs: Iterable[str | Path]) -> list[Path]:
+    """Every `results.json` below the given dirs (recursively), each once, in a stable order."""
+    seen: dict[Path, None] = {}
+    for root in dirs:
+        root = Path(root)
+        candidates = [root] if root.is_file() else sorted(root.rglob(results.FILENAME))
+        for path in candidates:
+            seen.setdefault(path.resolve(), None)
+    return list(seen)
+
+
+def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Parse and validate each file; a bad file becomes an `unreadable` entry, never an exception."""
+    records: list[dict[str, Any]] = []
+    unreadable: list[dict[str, str]] = []
+    for path in paths:
+        try:
+            record = results.read_record(path)
+            if not isinstance(record, dict):
+                raise ValueError(f"top level is {type(record).__name__}, not an object")
+            missing = results.validate_record(record)
+            if missing:
+                raise ValueError(f"missing or invalid keys: {', '.join(missing)}")
+        except (OSError, ValueError, TypeError, AttributeError) as err:  # JSONDecodeError is a ValueError
+            unreadable.append({"path": str(path), "reason": f"{type(err).__name__}: {err}"})
+            continue
+        record["_path"] = str(path)
+        record["task"] = canonical_task(record.get("task"))
+        records.append(record)
+    return records, unreadable
+
+
+def output_dir_of(record: dict[str, Any]) -> str:
+    return str((record.get("run") or {}).get("output_dir") or Path(record["_path"]).parent)
+
+
+def failures_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs whose status is not `completed`, with where they ran and why they stopped."""
+    out = []
+    for rec in records:
+        if rec.get("status") == "completed":
+            continue
+        reason = rec.get("error") or f"unfinished (status={rec.get('status')}, no error recorded)"
+        out.append(
+            {
+                "output_dir": output_dir_of(rec),
+                "status": rec.get("status"),
+                "reason": str(reason),
+                **{key: rec.get(key) for key in GROUP_KEYS},
+                "seed": rec.get("seed"),
+            }
+        )
+    return sorted(out, key=lambda r: (str(r["protocol"]), task_order(r["task"]), str(r["attn"]), r["output_dir"]))
+
+
+def task_order(task: str) -> tuple[int, str]:
+    return (TASKS.index(task) if task in TASKS else len(TASKS), task)
+
+
+def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
+    return tuple(rec.get(k) for k in keys)
+
+
+def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    protocol, task, attn, selector, landmarks = key
+    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks))
+
+
+def _dedupe_seeds(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One run per seed: a seed run twice (a rerun in another sweep) keeps its latest finished run."""
+    by_seed: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for rec in runs:
+        seed = rec.get("seed")
+        by_seed[seed if seed is not None else rec["_path"]].append(rec)
+    kept, superseded = [], []
+    for group in by_seed.values():
+        group.sort(key=lambda r: (str((r.get("run") or {}).get("finished_at") or ""), r["_path"]))
+        kept.append(group[-1])
+        superseded += [{"path": r["_path"], "seed": r.get("seed"), "kept": group[-1]["_path"]} for r in group[:-1]]
+    return kept, superseded
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample std (ddof=1) over seeds; std is None for a single seed (not 0: it is unknown)."""
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def _median(values: Iterable[Any]) -> float | None:
+    nums = [float(v) for v in values if v is not None]
+    return statistics.median(nums) if nums else None
+
+
+def _devices(runs: Sequence[dict[str, Any]]) -> str:
+    names = set()
+    for rec in runs:
+        hw = (rec.get("env") or {}).get("hardware") or {}
+        gpus = hw.get("gpus") or []
+        names.add(gpus[0] if gpus else (f"cpu: {hw['cpu']}" if hw.get("cpu") else "unknown"))
+    return "; ".join(sorted(names))
+
+
+def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Completed runs grouped by (protocol, task, attn, selector, num_landmarks), one row per group."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        if rec.get("status") == "completed":
+            groups[_group_key(rec, GROUP_KEYS)].append(rec)
+    rows, superseded = [], []
+    for key in sorted(groups, key=_sort_key):
+        runs, dropped = _dedupe_seeds(groups[key])
+        superseded += dropped
+        runs.sort(key=lambda r: (str(r.get("seed")), r["_path"]))
+        metrics = [r.get("metrics") or {} for r in runs]
+        test = [v for v in (as_percent(m.get("test_acc")) for m in metrics) if v is not None]
+        val = [v for v in (as_percent(m.get("val_acc")) for m in metrics) if v is not None]
+        test_mean, test_std = _mean_std(test)
+        val_mean, val_std = _mean_std(val)
+        peaks = [m.get("peak_memory_mib") for m in metrics if m.get("peak_memory_mib") is not None]
+        params = [m.get("params") for m in metrics if m.get("params") is not None]
+        step = _median(m.get("step_time_median_s") for m in metrics)
+        rows.append(
+            {
+                **dict(zip(GROUP_KEYS, key)),
+                "n": len(test),
+                "n_runs": len(runs),
+                "seeds": ",".join(str(r.get("seed")) for r in runs),
+                "test_acc_mean": test_mean,
+                "test_acc_std": test_std,
+                "val_acc_mean": val_mean,
+                "val_acc_std": val_std,
+                "step_time_median_ms": step * 1000.0 if step is not None else None,
+                "tokens_per_s": _median(m.get("tokens_per_s") for m in metrics),
+                "peak_memory_mib": max(float(p) for p in peaks) if peaks else None,
+                "params": max(int(p) for p in params) if params else None,
+                "device": _devices(runs),
+            }
+        )
+    return rows, superseded
+
+
+def method_label(attn: Any, selector: Any, num_landmarks: Any) -> str:
+    label = str(attn)
+    if selector:
+        label += f" / {selector}"
+    if num_landmarks is not None:
+        label += f" (m={num_landmarks})"
+    return label
+
+
+def _averages(cells: dict[str, float | None]) -> tuple[float | None, float | None, bool]:
+    """5-task average (LRA convention) and 6-task average with Path-X failed/absent = 50 (S4/Mega).
+
+    Both need all five other tasks; the flag says whether Path-X was counted as 50.
+    """
+    five = [cells.get(t) for t in FIVE_TASKS]
+    if any(v is None for v in five):
+        return None, None, False
+    avg5 = statistics.fmean(five)  # type: ignore[arg-type]
+    pathx = cells.get("pathx")
+    counted_as_fail = pathx is None
+    avg6 = statistics.fmean([*five, PATHX_FAIL_SCORE if pathx is None else pathx])  # type: ignore[list-item]
+    return avg5, avg6, counted_as_fail
+
+
+def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per method (protocol, attn, selector, landmarks); columns = tasks; our rows only."""
+    methods: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in list(rows) + list(failures):
+        key = _group_key(row, METHOD_KEYS)
+        methods.setdefault(key, {"cells": {}, "std": {}, "n": {}, "failed": set()})
+    for row in rows:
+        entry = methods[_group_key(row, METHOD_KEYS)]
+        if row["test_acc_mean"] is not None:
+            entry["cells"][row["task"]] = row["test_acc_mean"]
+            entry["std"][row["task"]] = row["test_acc_std"]
+            entry["n"][row["task"]] = row["n"]
+    for fail in failures:
+        methods[_group_key(fail, METHOD_KEYS)]["failed"].add(fail["task"])
+    out = []
+    for key in sorted(methods, key=lambda k: tuple(str(x) for x in k)):
+        entry = methods[key]
+        avg5, avg6, pathx_as_fail = _averages(entry["cells"])
+        out.append(
+            {
+                "kind": "ours",
+                "source": "ours",
+                **dict(zip(METHOD_KEYS, key)),
+                "method": method_label(key[1], key[2], key[3]),
+                **{t: entry["cells"].get(t) for t in TASKS},
+                **{f"{t}_std": entry["std"].get(t) for t in TASKS},
+                **{f"{t}_n": entry["n"].get(t) for t in TASKS},
+                # A task with no completed run but a failed/unfinished one shows as ✗, not as blank.
+                "failed_tasks": ",".join(t for t in TASKS if t in entry["failed"] and t not in entry["cells"]),
+                "avg5": avg5,
+                "avg6": avg6,
+                "pathx_counted_as_50": pathx_as_fail if avg6 is not None else None,
+                "flag": "",
+                "note": "",
+            }
+        )
+    return out
+
+
+def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any]]:
+    """Published rows in the same shape as `wide_rows`, marked kind=published; averages recomputed."""
+    out = []
+    for row in published:
+        cells = {t: float(v) for t, v in row.scores.items() if isinstance(v, (int, float))}
+        avg5, avg6, pathx_as_fail = _averages(cells)
+        out.append(
+            {
+                "kind": "published",
+                "source": row.source_label,
+                "protocol": row.protocol,
+                "attn": row.attn,
+                "selector": None,
+                "num_landmarks": row.num_landmarks,
+                "method": row.model,
+                **{t: cells.get(t) for t in TASKS},
+                **{f"{t}_std": None for t in TASKS},
+                **{f"{t}_n": None for t in TASKS},
+                "failed_tasks": ",".join(t for t, v in row.scores.items() if v == "FAIL"),
+                "avg5": avg5,
+                "avg6": avg6,
+                "pathx_counted_as_50": pathx_as_fail if avg6 is not None else None,
+                "avg_reported": row.avg_reported,
+                "peak_memory_mb": row.peak_memory_mb,
+                "flag": row.flag,
+                "note": row.avg_note,
+            }
+        )
+    return out

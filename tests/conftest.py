@@ -1,0 +1,91 @@
+"""Shared fixtures: offline environment, deterministic single-threaded torch, Hydra compose helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+@pytest.fixture(autouse=True)
+def _offline_single_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    """Compose `conf/config.yaml` with overrides, exactly as run.py would (schemas + resolvers registered)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lra_bench.hydra_setup import setup
+
+    setup()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides or [], return_hydra_config=return_hydra_config)
+
+
+# A tiny run of run.py: a few steps, short sequences, no W&B, generated data in a temp dir.
+TINY_LISTOPS = [
+    "task.max_length=64",
+    "task.seq_len=64",
+    "task.gen_num_train=64",
+    "task.gen_num_val=16",
+    "task.gen_num_test=16",
+    "task.gen_min_length=8",
+    "task.gen_max_length=64",
+    "task.gen_max_depth=4",
+    "data.batch_size=8",
+    "model.dim=16",
+    "model.ffn_dim=32",
+    "model.head_dim=8",
+    "model.head_hidden=16",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=2",
+    "optim.warmup_steps=1",
+    "callbacks.progress_bar=false",
+    "callbacks.stats_warmup_steps=1",
+    "diagnostics.max_len=32",
+    "logger=csv",
+    "print_config=false",
+]
+
+
+def run_cli(args: list[str], tmp_path: Path, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python run.py ARGS` in the repo with outputs and data under tmp_path."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(REPO / "run.py"), *args]
+    if not any(a.startswith("output_root=") for a in args):
+        cmd.append(f"output_root={tmp_path / 'outputs'}")
+    if not any(a.startswith("data_dir=") for a in args):
+        cmd.append(f"data_dir={tmp_path / 'data'}")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"run.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
+    return proc
+
+
+from tests.conftest_slurm import local_slurm  # noqa: E402,F401  (session fixture: a real single-node SLURM cluster)

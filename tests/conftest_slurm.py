@@ -1,0 +1,33 @@
+"""The `local_slurm` pytest fixture: one real single-node SLURM cluster per test session.
+
+Why a separate module: tests/conftest.py belongs to the lead; it imports this fixture with
+`from tests.conftest_slurm import local_slurm  # noqa: F401`. Environments that cannot install SLURM (not
+root, no apt) skip with the reason; an installed SLURM that fails to start is a real failure, with its logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.slurm_cluster import LocalSlurm, SlurmUnavailable
+
+
+def slurm_cluster_or_skip(**kwargs: object) -> Iterator[LocalSlurm]:
+    """Start a LocalSlurm, yield it, stop it; `pytest.skip` when SLURM cannot be installed here."""
+    cluster = LocalSlurm(**kwargs)  # type: ignore[arg-type]
+    try:
+        cluster.start()
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no local SLURM: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def local_slurm() -> Iterator[LocalSlurm]:
+    """A started cluster; `local_slurm.env` is the environment for sbatch/squeue/scontrol subprocesses."""
+    yield from slurm_cluster_or_skip()

@@ -1,0 +1,136 @@
+"""Config tree: every option composes, registries and YAML agree, mistakes fail early with one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from lra_bench.validate import ConfigError, validate
+from models.attention import attention_entry, list_attentions
+from models.landmarks import list_selectors
+from tasks.registry import list_tasks
+from tests.conftest import CONF, compose
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_yaml_options_and_registries_agree() -> None:
+    assert options("attn") == list_attentions()
+    assert options("selector") == sorted([*list_selectors(), "none"])
+    assert set(options("task")) == set(list_tasks())
+
+
+@pytest.mark.parametrize("attn", options("attn"))
+def test_every_attention_composes_and_validates(attn: str) -> None:
+    cfg = compose([f"attn={attn}"])
+    assert cfg.attn.name == attn
+    takes = attention_entry(attn)[0].takes_selector
+    assert (cfg.selector.name != "none") == takes, "landmark attentions bring their paper's selector"
+    validate(cfg)
+
+
+@pytest.mark.parametrize("selector", [s for s in options("selector") if s != "none"])
+def test_every_selector_composes_on_nystrom(selector: str) -> None:
+    cfg = compose(["attn=nystrom", f"selector={selector}"])
+    assert cfg.selector.name == selector
+    validate(cfg)
+
+
+@pytest.mark.parametrize("group", ["trainer", "logger", "callbacks", "debug", "protocol"])
+def test_every_other_option_composes(group: str) -> None:
+    for option in options(group):
+        cfg = compose([f"{group}={option}"])
+        assert cfg is not None
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    proc = run_cli(["--cfg", "job", "task=listops", "attn=nystrom"], tmp_path)
+    cfg = OmegaConf.create(proc.stdout)
+    assert cfg.attn.name == "nystrom" and cfg.selector.name == "segment_means"
+    assert cfg.trainer.max_steps == 5000 and cfg.data.batch_size == 32 and cfg.task.seq_len == 2048
+
+
+def test_faithful_nystromformer_listops_protocol() -> None:
+    cfg = compose(["task=listops", "attn=nystrom"])
+    m, o = cfg.model, cfg.optim
+    assert (m.depth, m.dim, m.ffn_dim, m.num_heads, m.head_dim, m.pooling) == (2, 64, 128, 2, 32, "mean")
+    assert (o.lr, o.eps, o.weight_decay, o.warmup_steps, o.schedule) == (1e-4, 1e-6, 0.0, 1000, "linear")
+    assert (cfg.data.batch_size, cfg.trainer.max_steps, cfg.task.max_length, cfg.task.seq_len) == (32, 5000, 2000, 2048)
+
+
+def test_unknown_option_lists_valid_ones(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    proc = run_cli(["attn=nope"], tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "Could not find 'attn/nope'" in proc.stderr and "nystrom" in proc.stderr and "full" in proc.stderr
+
+
+def test_misspelt_key_fails_at_compose_time() -> None:
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        compose(["attn=nystrom", "attn.num_landmark=32"])
+    with pytest.raises(ConfigCompositionException):
+        compose(["task.seq_length=100"])
+
+
+def test_schema_rejects_a_misspelt_key_inside_an_option_file(tmp_path: Path) -> None:
+    """A YAML option carrying a key its schema lacks fails when composed (not silently ignored)."""
+    import shutil
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "attn" / "typo.yaml").write_text("defaults:\n  - schema_nystrom\nnum_landmrks: 8\n")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException):
+            hydra_compose("config", overrides=["attn=typo"])
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["attn=nystrom", "attn.num_landmarks=4096"], "attn.num_landmarks=4096 exceeds task.seq_len=2048"),
+        (["attn=nystrom", "attn.num_landmarks=log3"], "attn.num_landmarks='log3'"),
+        (["data.batch_size=33", "trainer.devices=2"], "data.batch_size=33 is not divisible by trainer.devices"),
+        (["attn=full", "selector=segment_means"], "selector=segment_means: attn=full takes no landmark selector"),
+        (["attn=nystrom", "selector=none"], "selector=none: attn=nystrom needs a landmark selector"),
+        (["model.pooling=max"], "model.pooling='max': expected one of mean, mean_legacy, cls"),
+        (["optim.schedule=exp"], "optim.schedule='exp'"),
+    ],
+)
+def test_cross_field_mistakes_fail_with_one_line(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cross_field_mistake_from_the_cli_is_one_line(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    proc = run_cli(["attn=nystrom", "attn.num_landmarks=4096"], tmp_path, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: attn.num_landmarks=4096 exceeds task.seq_len")
+    assert "Traceback" not in proc.stderr
+
+
+def test_same_command_same_run_dir_and_overrides_change_it() -> None:
+    a = compose(["task=listops", "seed=1"], return_hydra_config=True)
+    b = compose(["seed=1", "task=listops"], return_hydra_config=True)
+    c = compose(["task=listops", "seed=2"], return_hydra_config=True)
+    dirs = [OmegaConf.to_container(x.hydra.run, resolve=False)["dir"] for x in (a, b, c)]
+    assert dirs[0] == dirs[1] == dirs[2]  # same template; the resolved value depends on override_dirname
