@@ -14,9 +14,16 @@ from torchmetrics.classification import MulticlassAccuracy
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
-    """Multiplier on the base lr at optimizer step `s`: linear warm-up, then linear/cosine decay or constant."""
+    """Multiplier on the base lr at optimizer step `s`: linear warm-up, then linear/cosine decay or constant.
+
+    `rsqrt` is the LRA JAX schedule `constant · linear_warmup · rsqrt_decay`: base · min(1, s/w) / √max(s, w),
+    so its base lr is the JAX config's (0.05), not a peak.
+    """
 
     def factor(step: int) -> float:
+        if schedule == "rsqrt":
+            s = step + 1
+            return min(1.0, s / max(warmup, 1)) / math.sqrt(max(s, warmup, 1))
         if warmup and step < warmup:
             return (step + 1) / warmup
         if schedule == "constant":

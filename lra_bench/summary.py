@@ -47,11 +47,13 @@ def print_summary(record: dict[str, Any]) -> None:
         ("data loading share", _fmt(m["data_share"] and 100 * m["data_share"], "{:.1f} %")),
         ("peak memory", _fmt(m["peak_memory_mib"], "{:,.0f} MiB") + f"  ({m.get('peak_memory_kind', '')})"),
         ("parameters", _fmt(m["params"], "{:,}")),
-        ("outputs", str(run["output_dir"])),
-        ("result record", str(Path(run["output_dir"]) / "results.json")),
     ]
     if record.get("error"):
         rows.append(("error", str(record["error"])))
     for key, value in rows:
         table.add_row(key, value)
-    Console().print(table)
+    console = Console(width=max(100, Console().width))
+    console.print(table)
+    # paths on their own lines, never truncated, so they can be copied
+    console.print(f"outputs:       {run['output_dir']}", soft_wrap=True)
+    console.print(f"result record: {Path(run['output_dir']) / 'results.json'}", soft_wrap=True)

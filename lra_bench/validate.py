@@ -16,7 +16,7 @@ from models.encoder import POOLINGS
 from models.heads import INTERACTIONS
 from models.landmarks import list_selectors, selector_class
 
-SCHEDULES = ("linear", "cosine", "constant")
+SCHEDULES = ("linear", "cosine", "constant", "rsqrt")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true")
 
 

@@ -78,7 +78,7 @@ class ResumableSampler(DistributedSampler):
 
     def position(self) -> tuple[int, int]:
         """(epoch, batches already consumed in it) at this moment."""
-        consumed = None
+        consumed = self.consumed_batches() if self.consumed_batches is not None else None
         if consumed is None:
             return self.epoch, 0
         return divmod(int(consumed), max(1, self.batches_per_epoch))

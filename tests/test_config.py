@@ -134,3 +134,23 @@ def test_same_command_same_run_dir_and_overrides_change_it() -> None:
     c = compose(["task=listops", "seed=2"], return_hydra_config=True)
     dirs = [OmegaConf.to_container(x.hydra.run, resolve=False)["dir"] for x in (a, b, c)]
     assert dirs[0] == dirs[1] == dirs[2]  # same template; the resolved value depends on override_dirname
+
+
+def test_rsqrt_schedule_is_the_lra_jax_one() -> None:
+    import math
+
+    from lra_bench.module import lr_lambda
+
+    f = lr_lambda("rsqrt", warmup=1000, total=5000)
+    assert math.isclose(f(999), 1 / math.sqrt(1000))  # peak at the end of warm-up: base/sqrt(w)
+    assert math.isclose(f(499), 0.5 / math.sqrt(1000))
+    assert math.isclose(f(3999), 1 / math.sqrt(4000))
+    lin = lr_lambda("linear", warmup=10, total=110)
+    assert math.isclose(lin(4), 0.5) and math.isclose(lin(60), 0.5) and lin(200) == 0.0
+
+
+def test_recipe_values_win_over_trainer_defaults() -> None:
+    cfg = compose(["task=listops", "protocol=nystromformer"])
+    assert cfg.trainer.limit_val_batches == 62 and cfg.trainer.val_check_interval == 50
+    cfg = compose(["task=listops", "protocol=nystromformer", "trainer.limit_val_batches=3"])
+    assert cfg.trainer.limit_val_batches == 3

@@ -1,0 +1,330 @@
+"""Image (LRA): CIFAR-10 in grayscale, one token per pixel (0..255, vocab 256), 32×32 = 1024 tokens, 10 classes.
+
+Grayscale is TensorFlow's `tf.image.rgb_to_grayscale` followed by the cast the official pipeline does, bit for
+bit: `(rgb.astype(f32) * (1/255) @ [0.2989, 0.5870, 0.1140] * 255.5).astype(uint8)` in float32 (truncation).
+PIL/torchvision grayscale differs (1 higher on about a quarter of the pixels), so it is not used.
+
+Sources (`source: auto` takes the first found; or force `pickle|disk|hf`):
+  1. `cifar-10-batches-py/` (the official `cifar-10-python.tar.gz`, unpacked under data_dir at any archive
+     nesting): `data_batch_1..5` + `test_batch`, read with a restricted unpickler that only admits numpy
+     arrays/dtypes and plain builtins — never `pickle.load` (a pickle can run any code);
+  2. `<data_dir>/<disk_dir>` (default `cifar10`): a `datasets` `save_to_disk` DatasetDict (train/test; columns
+     `img` (or `image`) and `label`);
+  3. `datasets.load_dataset(hf_name)` (default `cifar10`, i.e. `uoft-cs/cifar10`): the hub when online, else the
+     local HF cache.
+
+Splits (as the official `train[:90%]` / `train[90%:]` / `test`): train = the first 45,000 training images in
+source order (data_batch_1..5), val = the last 5,000 (`val_fraction` 0.1), test = the 10,000 test images.
+
+`pixel0_is_padding` (default false): every LRA encoder builds its padding mask as `inputs > 0`, so black pixels
+were masked like padding in the official image runs; set it true to reproduce that quirk (the mask becomes
+`ids > 0`). It changes only the mask, not the cached tokens.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tasks import cache
+from tasks.base import SPLITS, LRADataModule
+from tasks.layout import DataSourceError, candidates, find_release_path
+from tasks.registry import register_task
+from tasks.sources import (
+    MissingSourceError,
+    is_disk_dataset,
+    load_disk_dataset,
+    load_hub_dataset,
+    path_stamp,
+    plain,
+    source_error,
+)
+
+PICKLE_DIR = "cifar-10-batches-py"
+TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_BATCH = "test_batch"
+SIDE = 32
+TF_GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
+TOKENIZER_VERSION = "pixels-tfgray-v1"
+
+
+class ImageSource(str, Enum):
+    auto = "auto"
+    pickle = "pickle"
+    disk = "disk"
+    hf = "hf"
+
+
+@dataclass
+class ImageConfig:
+    name: str = "image"
+    max_length: int = SIDE * SIDE
+    seq_len: int = SIDE * SIDE
+    vocab_size: int = 256
+    num_classes: int = 10
+    dual: bool = False
+    source: ImageSource = ImageSource.auto
+    disk_dir: str = "cifar10"
+    hf_name: str = "cifar10"
+    val_fraction: float = 0.1  # the last 10% of train (5,000 images) is val, as `train[90%:]`
+    pixel0_is_padding: bool = False  # LRA's `inputs > 0` mask quirk (black pixels masked)
+
+
+# -- grayscale ------------------------------------------------------------------------------------------
+def tf_grayscale(rgb: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """`[..., 3]` uint8 RGB → `[...]` uint8 gray, exactly as `tf.image.rgb_to_grayscale` + `convert_image_dtype`."""
+    rgb = np.asarray(rgb)
+    if rgb.dtype != np.uint8 or rgb.shape[-1] != 3:
+        raise ValueError(f"expected uint8 RGB [..., 3], got {rgb.dtype} {rgb.shape}")
+    flat = rgb.reshape(-1, 3)
+    out = np.empty(flat.shape[0], dtype=np.uint8)
+    scale, back = np.float32(1.0 / 255.0), np.float32(255.5)
+    for start in range(0, flat.shape[0], chunk * SIDE * SIDE):
+        part = flat[start : start + chunk * SIDE * SIDE].astype(np.float32) * scale
+        out[start : start + len(part)] = ((part @ TF_GRAY_WEIGHTS) * back).astype(np.uint8)
+    return out.reshape(rgb.shape[:-1])
+
+
+def cifar_rows_to_rgb(data: np.ndarray) -> np.ndarray:
+    """Official rows `[n, 3072]` (R plane, G plane, B plane, each 32×32 row-major) → `[n, 32, 32, 3]`."""
+    return data.reshape(-1, 3, SIDE, SIDE).transpose(0, 2, 3, 1)
+
+
+# -- the restricted unpickler ---------------------------------------------------------------------------
+_NUMPY_GLOBALS = {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 spell `bytes`
+}
+_SAFE_BUILTINS = {
+    "list",
+    "dict",
+    "tuple",
+    "set",
+    "frozenset",
+    "bytes",
+    "bytearray",
+    "str",
+    "int",
+    "float",
+    "bool",
+    "complex",
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Admits numpy arrays/dtypes and plain builtin containers/scalars; refuses every other global."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _NUMPY_GLOBALS:
+            if module.startswith("numpy.core") and hasattr(np, "_core"):
+                module = "numpy._core" + module[len("numpy.core") :]
+            return super().find_class(module, name)
+        if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
+            return super().find_class("builtins", name)
+        raise pickle.UnpicklingError(
+            f"refusing to unpickle the global {module}.{name}: only numpy arrays/dtypes and plain builtins are allowed"
+        )
+
+
+def restricted_load(path: Path) -> Any:
+    """Unpickle `path` with `RestrictedUnpickler` (`encoding='bytes'`, as the CIFAR Python-2 pickles need)."""
+    try:
+        with open(path, "rb") as fh:
+            return RestrictedUnpickler(fh, encoding="bytes").load()
+    except pickle.UnpicklingError as err:
+        raise DataSourceError(f"{path}: {err}") from None
+    except Exception as err:  # truncated or foreign files
+        raise DataSourceError(f"{path}: not a readable CIFAR-10 batch pickle ({type(err).__name__}: {err})") from None
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One official batch file → (rows `[n, 3072]` uint8, labels `[n]`)."""
+    obj = restricted_load(path)
+    if not isinstance(obj, dict):
+        raise DataSourceError(f"{path}: expected a dict with 'data' and 'labels', got {type(obj).__name__}")
+    batch = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
+    data, labels = batch.get("data"), batch.get("labels")
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * SIDE * SIDE:
+        shape = getattr(data, "shape", None)
+        raise DataSourceError(f"{path}: 'data' must be a uint8 array [n, 3072], got {type(data).__name__} {shape}")
+    labels = np.asarray(labels, dtype=np.int64) if labels is not None else None
+    if labels is None or labels.shape != (data.shape[0],):
+        raise DataSourceError(f"{path}: 'labels' must list one label per row of 'data' ({data.shape[0]})")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataSourceError(f"{path}: labels outside 0..9")
+    return data, labels
+
+
+# -- the data module ------------------------------------------------------------------------------------
+@register_task("image", config=ImageConfig)
+class ImageDataModule(LRADataModule):
+    tokenizer_version = TOKENIZER_VERSION
+
+    def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(cfg, *args, **kwargs)
+        self.cfg = {k: plain(v) for k, v in self.cfg.items()}
+        if self.seq_len != SIDE * SIDE or self.max_length != SIDE * SIDE:
+            raise ValueError(
+                f"task.seq_len={self.seq_len}, task.max_length={self.max_length}: CIFAR-10 images are "
+                f"{SIDE}x{SIDE} = {SIDE * SIDE} tokens; both must be {SIDE * SIDE}"
+            )
+        if not 0.0 < float(self.cfg["val_fraction"]) < 1.0:
+            raise ValueError(f"task.val_fraction={self.cfg['val_fraction']}: expected a fraction in (0, 1)")
+        self._gray: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+
+    @property
+    def disk_path(self) -> Path:
+        return Path(self.data_dir).expanduser() / self.cfg["disk_dir"]
+
+    def pickle_path(self) -> Path | None:
+        folder = find_release_path(self.data_dir, PICKLE_DIR)
+        if folder is None or not all((folder / name).is_file() for name in (*TRAIN_BATCHES, TEST_BATCH)):
+            return None
+        return folder
+
+    def resolve_source(self) -> tuple[str, str]:
+        choice = self.cfg["source"]
+        if choice in ("auto", "pickle") and (folder := self.pickle_path()) is not None:
+            return "pickle", str(folder)
+        if choice in ("auto", "disk") and is_disk_dataset(self.disk_path):
+            return "disk", str(self.disk_path)
+        if choice in ("auto", "hf"):
+            return "hf", self.cfg["hf_name"]
+        return choice, ""
+
+    def missing_error(self, problem: str | None = None) -> MissingSourceError:
+        d = Path(self.data_dir).expanduser()
+        names = ",".join((*TRAIN_BATCHES, TEST_BATCH))
+        return source_error(
+            "image (CIFAR-10)",
+            [
+                f"{candidates(self.data_dir, PICKLE_DIR)[0]}/{{{names}}} (unpacked cifar-10-python.tar.gz)",
+                f"{self.disk_path} (datasets save_to_disk folder with train/test)",
+                f"the Hugging Face dataset {self.cfg['hf_name']!r} (hub or local HF cache)",
+            ],
+            archive=(
+                "CIFAR-10 is not in lra_release; get the original cifar-10-python.tar.gz "
+                f"(https://www.cs.toronto.edu/~kriz/cifar.html) and run `tar xzf cifar-10-python.tar.gz -C {d}`"
+            ),
+            hf=(
+                f'on a machine with network: `python -c "import datasets; datasets.load_dataset('
+                f"'{self.cfg['hf_name']}').save_to_disk('{self.disk_path}')\"` and copy {self.disk_path} here, or run "
+                "once with network and HF_DATASETS_OFFLINE=0 to fill the local HF cache"
+            ),
+            generator=None,
+            problem=problem,
+        )
+
+    def ensure_source(self) -> None:
+        """Cheap when the tokenized cache exists (the hub is then never asked); else read and check the source."""
+        if cache.exists(self.cache_path, SPLITS):
+            return
+        self._load()
+
+    def _load(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Both official splits as gray tokens `[n, 1024]` uint8 + labels, in source order."""
+        if self._gray is not None:
+            return self._gray
+        kind, where = self.resolve_source()
+        try:
+            if kind == "pickle":
+                rgb = {}
+                for split, names in (("train", TRAIN_BATCHES), ("test", (TEST_BATCH,))):
+                    parts = [read_cifar_batch(Path(where) / name) for name in names]
+                    rows = np.concatenate([p[0] for p in parts])
+                    rgb[split] = (cifar_rows_to_rgb(rows), np.concatenate([p[1] for p in parts]))
+            elif kind == "disk":
+                splits = load_disk_dataset(Path(where), ("train", "test"))
+                rgb = {s: self._from_hf(ds, f"{where}[{s}]") for s, ds in splits.items()}
+            elif kind == "hf":
+                splits, why = load_hub_dataset(where, ("train", "test"))
+                if splits is None:
+                    raise self.missing_error(why)
+                rgb = {s: self._from_hf(ds, f"hf:{where}[{s}]") for s, ds in splits.items()}
+            else:
+                raise self.missing_error(f"task.source={kind} but that source is not under {self.data_dir}")
+        except MissingSourceError:
+            raise
+        except DataSourceError as err:
+            raise self.missing_error(str(err)) from None
+        self._gray = {s: (tf_grayscale(img).reshape(len(img), -1), lab) for s, (img, lab) in rgb.items()}
+        return self._gray
+
+    @staticmethod
+    def _from_hf(ds: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+        image_col = next((c for c in ("img", "image") if c in ds.column_names), None)
+        label_col = next((c for c in ("label", "labels") if c in ds.column_names), None)
+        if image_col is None or label_col is None:
+            raise DataSourceError(f"{where}: expected columns img (or image) and label; has {ds.column_names}")
+        images = []
+        for batch in ds.iter(batch_size=1000):
+            for im in batch[image_col]:
+                arr = np.asarray(im.convert("RGB") if hasattr(im, "convert") else im, dtype=np.uint8)
+                if arr.shape != (SIDE, SIDE, 3):
+                    raise DataSourceError(f"{where}: an image has shape {arr.shape}, expected ({SIDE}, {SIDE}, 3)")
+                images.append(arr)
+        labels = np.asarray(ds[label_col], dtype=np.int64)
+        if not images:
+            raise DataSourceError(f"{where}: no images")
+        return np.stack(images), labels
+
+    # -- caching + building ----------------------------------------------------------------------------
+    def cache_params(self) -> dict[str, Any]:
+        kind, where = self.resolve_source()
+        if kind == "pickle":
+            stamp: Any = [path_stamp(Path(where) / name) for name in (*TRAIN_BATCHES, TEST_BATCH)]
+        elif kind == "disk":
+            stamp = path_stamp(Path(where), "**/*.arrow")
+        else:
+            stamp = where
+        skip = ("pixel0_is_padding", "source", "disk_dir", "hf_name")  # the mask is made per batch, not cached
+        keep = {k: v for k, v in self.cfg.items() if k not in skip}
+        return {"task": "image", "tokenizer": self.tokenizer_version, "source": [kind, stamp], **keep}
+
+    def train_boundary(self, n: int) -> int:
+        return n - int(round(n * float(self.cfg["val_fraction"])))
+
+    def build_split(self, split: str) -> dict[str, np.ndarray]:
+        data = self._load()
+        if split == "test":
+            ids, labels = data["test"]
+        else:
+            ids, labels = data["train"]
+            cut = self.train_boundary(len(labels))
+            ids, labels = (ids[:cut], labels[:cut]) if split == "train" else (ids[cut:], labels[cut:])
+        lengths = np.full(len(labels), SIDE * SIDE, dtype=np.int32)
+        return {"input_ids": np.ascontiguousarray(ids), "length": lengths, "label": labels}
+
+    def prepare_data(self) -> None:
+        super().prepare_data()
+        self._gray = None
+
+    def make_mask(self, ids: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        mask = super().make_mask(ids, length)
+        return mask & (ids > 0) if self.cfg["pixel0_is_padding"] else mask
+
+    def data_info(self) -> dict[str, Any]:
+        info = super().data_info()
+        kind, where = self.resolve_source()
+        frac = float(self.cfg["val_fraction"])
+        official = " (45,000 / 5,000 of 50,000, as LRA's train[:90%] / train[90%:])" if frac == 0.1 else ""
+        info["split"] = (
+            f"train = the first {1 - frac:.0%} of CIFAR-10 train in source order (data_batch_1..5), val = the last "
+            f"{frac:.0%}{official}; test = CIFAR-10 test"
+        )
+        info["source"] = f"{kind}:{where}"
+        info["pixel0_is_padding"] = bool(self.cfg["pixel0_is_padding"])
+        return info

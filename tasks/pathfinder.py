@@ -1,0 +1,398 @@
+"""Pathfinder (LRA): are the two dots joined by one dashed contour? 32×32 grayscale PNGs → 1024 pixel tokens.
+
+Data: `pathfinder{resolution}/{difficulty dir}` under data_dir at any archive nesting (`''`, `lra_release/`,
+`lra_release/lra_release/`; with `folder: auto` the deepest copy found wins — the inner one, which S4's setup
+instructions use — and every copy found is reported, since the release holds two `pathfinder128` copies; or give
+`folder:` explicitly, relative to data_dir or absolute).
+`difficulty`: `14` (`curv_contour_length_14`, the LRA "hard" set; default), `9`, or `baseline` (contour 6).
+
+Layout: `metadata/<k>.npy` + `imgs/<k>/sample_<i>.png`. Metadata rows have 11 space-separated fields
+(`imgs/<k> sample_<i>.png <i> <label> ...`); the image is `<difficulty dir>/<f0>/<f1>`, the label `int(f3)`.
+The release files are text despite `.npy`; the public generator writes binary `np.save` arrays: the magic
+`\\x93NUMPY` is sniffed and such files are read with `np.load(allow_pickle=False)`. A file without a trailing
+newline keeps its last row. Zero-byte PNGs (the release has some) are skipped and counted (`data_info` and
+`python -m tasks.prepare` report them); a missing PNG or a malformed row is an error naming `file:line`.
+PNGs are decoded with Pillow in mode L; tokens are the raw pixel values 0..255 (vocab 256).
+
+Split: no canonical one exists (LRA's TFDS order and the others' unseeded shuffles cannot be reproduced). We take
+the non-empty images in metadata order (files sorted by their integer stem, rows in file order) and split them
+80/10/10 with `torch.randperm(n, generator=torch.Generator().manual_seed(split_seed))` (default seed 42): first
+`n - 2⌊0.1 n⌋` train, next `⌊0.1 n⌋` val, rest test — the procedure of S4's `random_split(..., seed 42)`.
+
+`generate_if_missing` (default true here, false for Path-X): when no copy exists, our seeded generator
+(`tasks.generate.pathfinder`) writes the full LRA-sized set (`gen_num_images` 200,000, ~15 CPU-minutes at
+32 px, spread over `gen_workers` processes) once, in the official layout, and `data_info.source` says it was
+generated. A smaller `gen_num_images` is for smoke tests only: numbers from it are not comparable to LRA's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tasks import cache
+from tasks.base import SPLITS, LRADataModule
+from tasks.layout import DataSourceError, candidates
+from tasks.registry import register_task
+from tasks.sources import MissingSourceError, source_error
+
+NPY_MAGIC = b"\x93NUMPY"
+DIFFICULTIES = {
+    "baseline": ("curv_baseline", 6),
+    "6": ("curv_baseline", 6),
+    "easy": ("curv_baseline", 6),
+    "9": ("curv_contour_length_9", 9),
+    "intermediate": ("curv_contour_length_9", 9),
+    "14": ("curv_contour_length_14", 14),
+    "hard": ("curv_contour_length_14", 14),
+}
+ALIASES = {"6": "baseline", "easy": "baseline", "intermediate": "9", "hard": "14"}
+GENERATED_MARKER = "lra_bench_generated.json"
+TOKENIZER_VERSION = "pixels-raw-v1"
+PARALLEL_MIN_IMAGES = 4096  # below this, decoding in-process beats starting workers
+DECODE_CHUNK = 2048
+
+
+@dataclass
+class PathfinderConfig:
+    name: str = "pathfinder"
+    resolution: int = 32
+    difficulty: str = "14"  # baseline | 9 | 14 (also easy | intermediate | hard)
+    max_length: int = 1024  # = resolution²
+    seq_len: int = 1024
+    vocab_size: int = 256
+    num_classes: int = 2
+    dual: bool = False
+    folder: str = "auto"  # auto: first copy found at any nesting; or a path (relative to data_dir, or absolute)
+    split_seed: int = 42
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    pixel0_is_padding: bool = False  # LRA's `inputs > 0` mask quirk (black pixels masked)
+    build_workers: int = 0  # processes decoding PNGs; 0 = all CPUs (used from 4096 images on)
+    generate_if_missing: bool = True
+    gen_num_images: int = 200_000
+    gen_seed: int = 0
+    gen_workers: int = 0  # 0 = all CPUs
+
+
+# -- metadata -------------------------------------------------------------------------------------------
+def _int_stem(path: Path) -> tuple[int, int, str]:
+    return (0, int(path.stem), path.name) if re.fullmatch(r"\d+", path.stem) else (1, 0, path.name)
+
+
+def read_metadata_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of one metadata file, text or binary `np.save` (sniffed by its magic)."""
+    data = path.read_bytes()
+    if data.startswith(NPY_MAGIC):
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except Exception as err:  # object arrays need pickle: refused
+            raise DataSourceError(f"{path}: binary metadata not readable without pickle ({err})") from None
+        if arr.ndim == 2:
+            return [(i + 1, [str(v) for v in row]) for i, row in enumerate(arr)]
+        if arr.ndim == 1:
+            return [(i + 1, str(line).split()) for i, line in enumerate(arr) if str(line).strip()]
+        raise DataSourceError(f"{path}: binary metadata of shape {arr.shape}; expected rows of fields")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataSourceError(f"{path}: metadata is neither text nor a numpy file ({err})") from None
+    return [(i + 1, line.split()) for i, line in enumerate(text.splitlines()) if line.strip()]
+
+
+@dataclass
+class Listing:
+    """The usable examples of one difficulty folder, in metadata order."""
+
+    paths: list[str]
+    labels: np.ndarray
+    skipped_empty: list[str]
+
+
+def list_examples(root: Path) -> Listing:
+    meta_dir = root / "metadata"
+    files = sorted(meta_dir.glob("*.npy"), key=_int_stem)
+    if not files:
+        raise DataSourceError(f"{meta_dir}: no metadata/*.npy files")
+    paths: list[str] = []
+    labels: list[int] = []
+    skipped: list[str] = []
+    for meta in files:
+        for line, fields in read_metadata_rows(meta):
+            if len(fields) < 4:
+                raise DataSourceError(
+                    f"{meta}:{line}: expected 11 space-separated fields (imgs/<k> sample_<i>.png <i> <label> ...), "
+                    f"found {len(fields)}"
+                )
+            try:
+                label = int(float(fields[3]))
+            except ValueError:
+                raise DataSourceError(f"{meta}:{line}: label field {fields[3]!r} is not a number") from None
+            if label not in (0, 1):
+                raise DataSourceError(f"{meta}:{line}: label {label} is neither 0 nor 1")
+            png = root / fields[0] / fields[1]
+            try:
+                size = png.stat().st_size
+            except FileNotFoundError:
+                raise DataSourceError(f"{meta}:{line}: image {png} does not exist") from None
+            if size == 0:
+                skipped.append(str(png))
+                continue
+            paths.append(str(png))
+            labels.append(label)
+    if not paths:
+        raise DataSourceError(f"{root}: metadata lists no non-empty image")
+    return Listing(paths, np.asarray(labels, dtype=np.int64), skipped)
+
+
+def decode_pngs(paths: list[str], resolution: int) -> np.ndarray:
+    """PNGs → `[n, resolution²]` uint8 raw pixel values (Pillow, mode L)."""
+    out = np.empty((len(paths), resolution * resolution), dtype=np.uint8)
+    for i, path in enumerate(paths):
+        try:
+            with Image.open(path) as im:
+                arr = np.asarray(im if im.mode == "L" else im.convert("L"))
+        except Exception as err:  # any decoder failure names the file
+            raise DataSourceError(f"{path}: not a readable PNG ({type(err).__name__}: {err})") from None
+        if arr.shape != (resolution, resolution):
+            raise DataSourceError(f"{path}: image is {arr.shape[1]}x{arr.shape[0]}, expected {resolution}x{resolution}")
+        out[i] = arr.reshape(-1)
+    return out
+
+
+def _decode_job(args: tuple[list[str], int]) -> np.ndarray:
+    return decode_pngs(*args)
+
+
+def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float) -> dict[str, np.ndarray]:
+    """Seeded 80/10/10 (default) split of `n` examples, as `random_split(..., Generator().manual_seed(seed))`."""
+    n_val, n_test = int(val_fraction * n), int(test_fraction * n)
+    n_train = n - n_val - n_test
+    if min(n_train, n_val, n_test) < 1:
+        raise DataSourceError(
+            f"{n} usable images are too few for a train/val/test split with val/test fractions "
+            f"{val_fraction}/{test_fraction} (every split needs at least one image)"
+        )
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
+    return {"train": perm[:n_train], "val": perm[n_train : n_train + n_val], "test": perm[n_train + n_val :]}
+
+
+# -- the data module ------------------------------------------------------------------------------------
+@register_task("pathfinder", config=PathfinderConfig)
+class PathfinderDataModule(LRADataModule):
+    tokenizer_version = TOKENIZER_VERSION
+
+    def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(cfg, *args, **kwargs)
+        difficulty = str(self.cfg["difficulty"]).strip().lower()
+        if difficulty not in DIFFICULTIES:
+            raise ValueError(
+                f"task.difficulty={difficulty!r}: expected one of baseline, 9, 14 (or easy, intermediate, hard)"
+            )
+        self.cfg["difficulty"] = ALIASES.get(difficulty, difficulty)  # one spelling → one cache key
+        res = int(self.cfg["resolution"])
+        if self.seq_len != res * res or self.max_length != res * res:
+            raise ValueError(
+                f"task.seq_len={self.seq_len}, task.max_length={self.max_length}: resolution {res} gives "
+                f"{res}x{res} = {res * res} tokens; set both to {res * res}"
+            )
+        self._listing: Listing | None = None
+
+    # -- where the data is ---------------------------------------------------------------------------
+    @property
+    def resolution(self) -> int:
+        return int(self.cfg["resolution"])
+
+    @property
+    def difficulty_dir(self) -> str:
+        return DIFFICULTIES[self.cfg["difficulty"]][0]
+
+    @property
+    def contour_length(self) -> int:
+        return DIFFICULTIES[self.cfg["difficulty"]][1]
+
+    @property
+    def relative(self) -> str:
+        return f"pathfinder{self.resolution}/{self.difficulty_dir}"
+
+    def copies(self) -> list[Path]:
+        """Every folder that holds this set: the explicit `folder`, or each archive nesting that has one."""
+        if self.cfg["folder"] != "auto":
+            path = Path(self.cfg["folder"]).expanduser()
+            path = path if path.is_absolute() else Path(self.data_dir).expanduser() / path
+            if path.name != self.difficulty_dir and (path / self.difficulty_dir).is_dir():
+                path = path / self.difficulty_dir
+            return [path] if (path / "metadata").is_dir() else []
+        # deepest first: the inner lra_release/lra_release copy is the one S4's setup instructions use
+        return [p for p in reversed(candidates(self.data_dir, self.relative)) if (p / "metadata").is_dir()]
+
+    def root(self) -> Path | None:
+        found = self.copies()
+        return found[0] if found else None
+
+    def generate_command(self) -> str:
+        return (
+            f"python -m tasks.generate.pathfinder --out {Path(self.data_dir).expanduser()} --resolution "
+            f"{self.resolution} --contour-length {self.contour_length} --num-images {self.cfg['gen_num_images']} "
+            f"--workers {os.cpu_count() or 1}"
+        )
+
+    def missing_error(self, problem: str | None = None) -> MissingSourceError:
+        d = Path(self.data_dir).expanduser()
+        expected = (
+            [str(Path(self.cfg["folder"]))]
+            if self.cfg["folder"] != "auto"
+            else [str(p) for p in candidates(self.data_dir, self.relative)]
+        )
+        return source_error(
+            f"{self.task_name} ({self.relative})",
+            [f"{p}/{{metadata/<k>.npy, imgs/<k>/sample_<i>.png}}" for p in expected],
+            archive=(
+                "https://storage.googleapis.com/long-range-arena/lra_release.gz (a gzipped tar, ~8 GB): "
+                f"`tar xzf lra_release.gz -C {d}` gives lra_release/lra_release/pathfinder{self.resolution}/"
+            ),
+            hf="no Hugging Face mirror holds the images (meerkat-ml/pathfinder has only paths and labels)",
+            generator=f"`{self.generate_command()}`, or set task.generate_if_missing=true",
+            problem=problem,
+        )
+
+    def generator_knobs(self) -> dict[str, Any]:
+        return {
+            "generator": "tasks.generate.pathfinder",
+            "num_images": int(self.cfg["gen_num_images"]),
+            "seed": int(self.cfg["gen_seed"]),
+            "resolution": self.resolution,
+            "contour_length": self.contour_length,
+        }
+
+    def stale_generated(self, root: Path) -> bool:
+        """A set we generated earlier with other generator knobs (official data carries no marker)."""
+        marker = root / GENERATED_MARKER
+        return marker.exists() and json.loads(marker.read_text()) != self.generator_knobs()
+
+    def ensure_source(self) -> None:
+        """Generate when missing (and allowed); list and check the images only when the cache must be built."""
+        root = self.root()
+        if root is not None and self.stale_generated(root):
+            if self.cfg["generate_if_missing"]:
+                print(f"[{self.task_name}] {root} was generated with other generator settings: regenerating")
+                shutil.rmtree(root)  # only ever a folder our generator wrote (it carries our marker)
+                self._listing = None
+            else:
+                print(f"[{self.task_name}] warning: {root} was generated with other generator settings; using it")
+        if self.root() is None:
+            if self.cfg["folder"] != "auto":
+                raise self.missing_error(f"task.folder={self.cfg['folder']} has no metadata/ folder")
+            if not self.cfg["generate_if_missing"]:
+                raise self.missing_error()
+            self.generate()
+        if cache.exists(self.cache_path, SPLITS):
+            return
+        try:
+            self.listing()
+        except MissingSourceError:
+            raise
+        except DataSourceError as err:
+            raise self.missing_error(str(err)) from None
+
+    def generate(self) -> Path:
+        from tasks.generate import pathfinder as generator
+
+        c = self.cfg
+        workers = int(c["gen_workers"]) or (os.cpu_count() or 1)
+        print(
+            f"[{self.task_name}] no {self.relative} under {self.data_dir}: generating {c['gen_num_images']} images "
+            f"with tasks.generate.pathfinder (seed {c['gen_seed']}, {workers} workers) — once; later runs reuse them"
+        )
+        root = generator.generate(
+            Path(self.data_dir).expanduser(),
+            resolution=self.resolution,
+            contour_length=self.contour_length,
+            num_images=int(c["gen_num_images"]),
+            seed=int(c["gen_seed"]),
+            workers=workers,
+        )
+        (Path(root) / GENERATED_MARKER).write_text(json.dumps(self.generator_knobs(), indent=2) + "\n")
+        return Path(root)
+
+    def listing(self) -> Listing:
+        if self._listing is None:
+            root = self.root()
+            if root is None:
+                raise self.missing_error()
+            self._listing = list_examples(root)
+        return self._listing
+
+    # -- caching + building ----------------------------------------------------------------------------
+    def cache_params(self) -> dict[str, Any]:
+        root = self.root()
+        stamp: Any = None
+        if root is not None:
+            metas = sorted((root / "metadata").glob("*.npy"))
+            stamp = [
+                str(root.resolve()),
+                len(metas),
+                sum(m.stat().st_size for m in metas),
+                max((m.stat().st_mtime_ns for m in metas), default=0),
+            ]
+        skip = {"pixel0_is_padding", "build_workers", "folder", "generate_if_missing"}
+        keep = {k: v for k, v in self.cfg.items() if k not in skip and not k.startswith("gen_")}
+        return {"task": self.task_name, "tokenizer": self.tokenizer_version, "source": stamp, **keep}
+
+    def decode(self, paths: list[str]) -> np.ndarray:
+        workers = int(self.cfg["build_workers"]) or (os.cpu_count() or 1)
+        if workers <= 1 or len(paths) < PARALLEL_MIN_IMAGES:
+            return decode_pngs(paths, self.resolution)
+        jobs = [(paths[i : i + DECODE_CHUNK], self.resolution) for i in range(0, len(paths), DECODE_CHUNK)]
+        with mp.get_context().Pool(min(workers, math.ceil(len(paths) / DECODE_CHUNK))) as pool:
+            return np.concatenate(pool.map(_decode_job, jobs, chunksize=1))
+
+    def build_split(self, split: str) -> dict[str, np.ndarray]:
+        listing = self.listing()
+        c = self.cfg
+        rows = split_indices(
+            len(listing.labels), int(c["split_seed"]), float(c["val_fraction"]), float(c["test_fraction"])
+        )[split]
+        ids = self.decode([listing.paths[i] for i in rows])
+        lengths = np.full(len(rows), self.seq_len, dtype=np.int32)
+        return {"input_ids": ids, "length": lengths, "label": listing.labels[rows]}
+
+    def make_mask(self, ids: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        mask = super().make_mask(ids, length)
+        return mask & (ids > 0) if self.cfg["pixel0_is_padding"] else mask
+
+    def data_info(self) -> dict[str, Any]:
+        info = super().data_info()
+        copies = self.copies()
+        root = copies[0] if copies else None
+        generated = root is not None and (root / GENERATED_MARKER).exists()
+        c = self.cfg
+        info["split"] = (
+            f"seeded {1 - c['val_fraction'] - c['test_fraction']:.0%}/{c['val_fraction']:.0%}/{c['test_fraction']:.0%} "
+            f"random split of the non-empty images in metadata order (torch.randperm, seed {c['split_seed']})"
+        )
+        info["source"] = (f"generated:{root}" if generated else str(root)) if root else None
+        info["difficulty"] = self.difficulty_dir
+        info["resolution"] = self.resolution
+        info["copies_found"] = [str(p) for p in copies]
+        info["pixel0_is_padding"] = bool(c["pixel0_is_padding"])
+        skipped = None
+        if root is not None:
+            try:
+                skipped = self.listing().skipped_empty
+            except DataSourceError:
+                skipped = None
+        info["skipped_empty_pngs"] = len(skipped) if skipped is not None else None
+        info["skipped_empty_examples"] = skipped[:10] if skipped else []
+        return info

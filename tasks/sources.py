@@ -1,0 +1,128 @@
+"""Helpers the real-data tasks share: the "three ways to get it" error, HF `datasets` sources, byte packing.
+
+A missing or broken source is ONE `DataSourceError` that names what was expected where, and the three ways
+to get the data: the official archive, the Hugging Face dataset, our generator (each task says which of the
+three exist for it). Nothing here downloads unless the HF hub is reachable and offline mode is off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.layout import DataSourceError
+
+OFFLINE_VARS = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+
+
+def plain(value: Any) -> Any:
+    """Enum config values (str-valued) → plain str, so messages and cache keys read `holdout`, not `V.holdout`."""
+    return value.value if isinstance(value, Enum) else value
+
+
+class MissingSourceError(DataSourceError):
+    """The one "no usable source" error of a task (already lists the three ways; never wrap it again)."""
+
+
+def source_error(
+    what: str,
+    expected: Iterable[str | Path],
+    *,
+    archive: str | None,
+    hf: str | None,
+    generator: str | None,
+    problem: str | None = None,
+) -> MissingSourceError:
+    """One error naming the expected files and the three ways to get them (`None` = not available)."""
+    lines = [f"{what}: {problem or 'no usable source found'}.", "Expected one of:"]
+    lines += [f"  - {p}" for p in expected]
+    lines.append("Get it one of three ways:")
+    lines.append(f"  1. official archive: {archive or 'not in the official lra_release archive'}")
+    lines.append(f"  2. Hugging Face: {hf or 'no Hugging Face dataset known'}")
+    lines.append(f"  3. our generator: {generator or 'none (real data is needed)'}")
+    return MissingSourceError("\n".join(lines))
+
+
+def offline_state() -> str:
+    on = [v for v in OFFLINE_VARS if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
+    return f"offline mode ({', '.join(f'{v}=1' for v in on)})" if on else "online mode"
+
+
+def is_disk_dataset(path: Path) -> bool:
+    """A `DatasetDict.save_to_disk` folder (or a single `Dataset`) — recognised by its metadata files."""
+    return (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists()
+
+
+def load_disk_dataset(path: Path, splits: Sequence[str]) -> dict[str, Any]:
+    """The named splits of a `save_to_disk` folder, or a `DataSourceError` naming the folder."""
+    from datasets import DatasetDict, load_from_disk
+
+    try:
+        loaded = load_from_disk(str(path))
+    except Exception as err:  # any failure means the folder is unusable
+        raise DataSourceError(f"{path}: not a readable datasets.save_to_disk folder ({err})") from None
+    if not isinstance(loaded, DatasetDict):
+        raise DataSourceError(f"{path}: holds one Dataset; expected a DatasetDict with splits {list(splits)}")
+    missing = [s for s in splits if s not in loaded]
+    if missing:
+        raise DataSourceError(f"{path}: DatasetDict lacks split(s) {missing}; it has {sorted(loaded)}")
+    return {s: loaded[s] for s in splits}
+
+
+def load_hub_dataset(name: str, splits: Sequence[str]) -> tuple[dict[str, Any] | None, str]:
+    """`datasets.load_dataset(name)` (hub when online, else the local HF cache): (splits, "") or (None, why)."""
+    try:
+        from datasets import load_dataset
+
+        loaded = load_dataset(name)
+    except Exception as err:  # offline, not cached, no network: all mean "not available"
+        return None, f"datasets.load_dataset({name!r}) failed in {offline_state()}: {type(err).__name__}: {err}"
+    missing = [s for s in splits if s not in loaded]
+    if missing:
+        return None, f"datasets.load_dataset({name!r}) has no split(s) {missing}"
+    return {s: loaded[s] for s in splits}, ""
+
+
+def path_stamp(path: Path, pattern: str | None = None) -> list[Any]:
+    """Identity of a source for cache keys: resolved path, size and mtime (of the folder's matching files)."""
+    path = Path(path)
+    if pattern is None:
+        st = path.stat()
+        return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+    files = sorted(path.glob(pattern))
+    return [
+        str(path.resolve()),
+        len(files),
+        sum(f.stat().st_size for f in files),
+        max((f.stat().st_mtime_ns for f in files), default=0),
+    ]
+
+
+def pack_bytes(
+    docs: Sequence[bytes], max_length: int, seq_len: int, offset: int = 1, chunk: int = 8192
+) -> tuple[np.ndarray, np.ndarray]:
+    """Documents (bytes) → ids `[n, seq_len]` int16 (byte + offset, pad 0) and lengths `[n]` int32.
+
+    Each document is cut to `max_length` bytes; the fill is one boolean-mask assignment per chunk of rows
+    (a row-major mask visits positions in the order of the concatenated bytes), no per-byte Python.
+    """
+    if max_length > seq_len:
+        raise ValueError(f"task.max_length={max_length} exceeds task.seq_len={seq_len}; need max_length <= seq_len")
+    n = len(docs)
+    ids = np.zeros((n, seq_len), dtype=np.int16)
+    lengths = np.zeros(n, dtype=np.int32)
+    positions = np.arange(seq_len)
+    for start in range(0, n, chunk):
+        cut = [d[:max_length] for d in docs[start : start + chunk]]
+        lens = np.fromiter(map(len, cut), dtype=np.int32, count=len(cut))
+        lengths[start : start + len(cut)] = lens
+        flat = np.frombuffer(b"".join(cut), dtype=np.uint8)
+        if flat.size:
+            block = ids[start : start + len(cut)]
+            block[positions[None, :] < lens[:, None]] = flat.astype(np.int16) + offset
+    return ids, lengths

@@ -1,0 +1,64 @@
+"""End to end through run.py: the result record, the summary, and resuming by re-running the same command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lra_bench.results import read_record, validate_record
+from tests.conftest import TINY_LISTOPS, run_cli
+
+
+def record_of(tmp_path: Path, run_name: str) -> dict:
+    paths = list((tmp_path / "outputs").rglob(f"{run_name}/results.json"))
+    assert len(paths) == 1, paths
+    return read_record(paths[0])
+
+
+def test_tiny_run_writes_a_complete_record(tmp_path: Path) -> None:
+    proc = run_cli(["attn=nystrom", "attn.num_landmarks=8", "run_name=tiny", *TINY_LISTOPS], tmp_path)
+    record = record_of(tmp_path, "tiny")
+    assert validate_record(record) == []
+    assert record["status"] == "completed" and record["error"] is None
+    assert (record["task"], record["attn"], record["selector"], record["protocol"]) == (
+        "listops", "nystrom", "segment_means", "nystromformer"
+    )
+    m = record["metrics"]
+    assert m["train_steps"] == 4 and m["best_step"] in (2, 4)
+    for key in ("val_acc", "test_acc"):
+        assert 0.0 <= m[key] <= 1.0
+    assert m["step_time_median_s"] > 0 and m["tokens_per_s"] > 0 and m["peak_memory_mib"] > 0
+    assert m["params"] > 1000 and 0.0 <= m["data_share"] < 1.0
+    assert record["data"]["tokenizer_version"] == "listops-v1" and record["data"]["seq_len"] == 64
+    assert record["env"]["packages"]["torch"] and record["env"]["hardware"]["cpu_count"]
+    assert record["config"]["attn"]["num_landmarks"] == 8 and record["seed"] == 0
+    out = Path(record["run"]["output_dir"])
+    assert (out / "checkpoints" / "last.ckpt").exists() and list(out.glob("checkpoints/best-*.ckpt"))
+    assert (out / "csv").is_dir() and (out / ".hydra" / "config.yaml").exists()
+    assert "test accuracy" in proc.stdout and "results.json" in proc.stdout  # the summary
+
+
+def test_failed_run_records_its_error(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["attn=full", "run_name=broken", "task.generate_if_missing=false", *TINY_LISTOPS], tmp_path, check=False
+    )
+    assert proc.returncode == 2
+    assert "error: ListOps files basic_{train,val,test}.tsv not found" in proc.stderr
+    record = record_of(tmp_path, "broken")
+    assert record["status"] == "failed" and "DataSourceError" in record["error"]
+
+
+@pytest.mark.slow
+def test_rerunning_the_same_command_resumes(tmp_path: Path) -> None:
+    args = ["attn=full", "run_name=resume", *TINY_LISTOPS]
+    run_cli(args, tmp_path)
+    first = record_of(tmp_path, "resume")
+    assert first["metrics"]["train_steps"] == 4 and first["run"]["resumed_from_step"] is None
+    run_cli([*args, "trainer.max_steps=6"], tmp_path)  # same run dir (run_name), more steps
+    second = record_of(tmp_path, "resume")
+    assert second["run"]["resumed_from_step"] == 4
+    assert second["metrics"]["train_steps"] == 6
+    metrics = (Path(second["run"]["output_dir"]) / "results.json").read_text()
+    assert json.loads(metrics)["status"] == "completed"

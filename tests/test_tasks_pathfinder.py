@@ -1,0 +1,217 @@
+"""Pathfinder / Path-X: metadata as text or binary .npy, the missing trailing newline, zero-byte PNGs, both
+archive nestings (the two pathfinder128 copies), the seeded split, generation when missing, the errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tasks.layout import DataSourceError
+from tasks.pathfinder import PathfinderConfig, PathfinderDataModule, split_indices
+from tasks.pathx import PathXConfig, PathXDataModule
+from tasks.sources import MissingSourceError
+
+
+def pixels(res: int, index: int) -> np.ndarray:
+    img = np.random.default_rng(index).integers(0, 256, (res, res), dtype=np.uint8)
+    img[0, :4] = 0  # some black pixels (the LRA mask quirk treats them as padding)
+    return img
+
+
+def write_pathfinder(
+    root: Path,
+    res: int = 32,
+    difficulty_dir: str = "curv_contour_length_14",
+    per_folder: int = 6,
+    folders: int = 2,
+    metadata: str = "text",
+    trailing_newline: bool = True,
+    empty: tuple[int, ...] = (),
+    crlf: bool = False,
+) -> Path:
+    """`root/pathfinder{res}/{difficulty_dir}/{metadata/<k>.npy, imgs/<k>/sample_<i>.png}` with 11-field rows.
+
+    Global image g = k·per_folder + i has label g % 2 and pixels `pixels(res, g)`; indices in `empty` are
+    written as zero-byte PNGs. `metadata`: "text" (as the release) or "npy" (binary np.save, as the public
+    generator); the last folder's text file has no trailing newline unless `trailing_newline`."""
+    base = root / f"pathfinder{res}" / difficulty_dir
+    for k in range(folders):
+        (base / "imgs" / str(k)).mkdir(parents=True, exist_ok=True)
+        (base / "metadata").mkdir(parents=True, exist_ok=True)
+        rows = []
+        for i in range(per_folder):
+            g = k * per_folder + i
+            path = base / "imgs" / str(k) / f"sample_{i}.png"
+            if g in empty:
+                path.write_bytes(b"")
+            else:
+                Image.fromarray(pixels(res, g), mode="L").save(path)
+            rows.append([f"imgs/{k}", f"sample_{i}.png", str(i), str(g % 2), "1.0", "14", "4", "2", "0.5", "1", "1"])
+        meta = base / "metadata" / f"{k}.npy"
+        if metadata == "npy":
+            with open(meta, "wb") as fh:
+                np.save(fh, np.array(rows, dtype=str))
+        else:
+            end = "\r\n" if crlf else "\n"
+            text = end.join(" ".join(r) for r in rows)
+            last = k == folders - 1
+            meta.write_text(text + ("" if last and not trailing_newline else end))
+    return base
+
+
+def make_dm(
+    data_dir: Path, tmp_path: Path, cls: type = PathfinderDataModule, config: type = PathfinderConfig, **cfg
+) -> PathfinderDataModule:
+    return cls(config(**cfg), data_dir=str(data_dir), cache_dir=str(tmp_path / "cache"), batch_size=2)
+
+
+def all_rows(dm: PathfinderDataModule) -> dict[bytes, int]:
+    """Every cached example as {pixel bytes: label} over the three splits."""
+    out = {}
+    for split in ("train", "val", "test"):
+        t = dm.splits[split].table
+        for ids, label in zip(np.asarray(t["input_ids"]), np.asarray(t["label"])):
+            out[ids.astype(np.uint8).tobytes()] = int(label)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("metadata", "trailing_newline", "crlf"),
+    [("text", True, False), ("text", False, False), ("text", False, True), ("npy", True, False)],
+)
+def test_metadata_formats_and_empty_pngs(tmp_path: Path, metadata: str, trailing_newline: bool, crlf: bool) -> None:
+    write_pathfinder(tmp_path / "data", metadata=metadata, trailing_newline=trailing_newline, crlf=crlf, empty=(3,))
+    dm = make_dm(tmp_path / "data", tmp_path)
+    dm.setup()
+    rows = all_rows(dm)
+    # 12 listed, one zero-byte PNG skipped; the last row of a file without a trailing newline is kept (g = 11)
+    expected = {pixels(32, g).tobytes(): g % 2 for g in range(12) if g != 3}
+    assert rows == expected
+    info = dm.data_info()
+    assert info["skipped_empty_pngs"] == 1 and info["skipped_empty_examples"][0].endswith("imgs/0/sample_3.png")
+    assert info["difficulty"] == "curv_contour_length_14" and "seed 42" in info["split"]
+    assert info["tokenizer_version"] == "pixels-raw-v1" and dm.vocab_size == 256
+
+
+def test_seeded_split(tmp_path: Path) -> None:
+    write_pathfinder(tmp_path / "data", per_folder=10, folders=2)
+    dm = make_dm(tmp_path / "data", tmp_path)
+    dm.setup()
+    assert [len(dm.splits[s]) for s in ("train", "val", "test")] == [16, 2, 2]
+    # the split is torch.randperm(n, Generator().manual_seed(42)) cut train/val/test, over metadata order
+    perm = torch.randperm(20, generator=torch.Generator().manual_seed(42)).tolist()
+    val = np.asarray(dm.splits["val"].table["input_ids"])
+    assert [v.astype(np.uint8).tobytes() for v in val] == [pixels(32, g).tobytes() for g in perm[16:18]]
+    parts = split_indices(20, 42, 0.1, 0.1)
+    assert sorted(np.concatenate(list(parts.values())).tolist()) == list(range(20))
+    assert not np.array_equal(split_indices(20, 7, 0.1, 0.1)["train"], parts["train"])
+    assert make_dm(tmp_path / "data", tmp_path, split_seed=7).cache_path != dm.cache_path
+
+
+def test_batches_and_pixel0_mask(tmp_path: Path) -> None:
+    write_pathfinder(tmp_path / "data")
+    dm = make_dm(tmp_path / "data", tmp_path, pixel0_is_padding=True)
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape == (2, 1024) and torch.equal(batch["mask"], batch["input_ids"] > 0)
+    assert not batch["mask"].all()
+    plain = make_dm(tmp_path / "data", tmp_path)
+    plain.setup()
+    assert plain.cache_path == dm.cache_path and next(iter(plain.val_dataloader()))["mask"].all()
+
+
+@pytest.mark.parametrize("nesting", ["lra_release", "lra_release/lra_release"])
+def test_pathx_either_nesting(tmp_path: Path, nesting: str) -> None:
+    write_pathfinder(tmp_path / "data" / nesting, res=128, per_folder=5, folders=2)
+    dm = make_dm(tmp_path / "data", tmp_path, PathXDataModule, PathXConfig)
+    dm.setup()
+    assert dm.task_name == "pathx" and dm.seq_len == 128 * 128
+    assert sum(len(dm.splits[s]) for s in ("train", "val", "test")) == 10
+    t = dm.splits["train"].table
+    assert np.asarray(t["input_ids"]).shape[1] == 16384
+    assert dm.data_info()["source"].endswith(f"{nesting}/pathfinder128/curv_contour_length_14")
+
+
+def test_pathx_two_copies_reported_and_selectable(tmp_path: Path) -> None:
+    write_pathfinder(tmp_path / "data" / "lra_release", res=128, per_folder=3, folders=1)  # the outer copy
+    write_pathfinder(tmp_path / "data" / "lra_release" / "lra_release", res=128, per_folder=5, folders=2)
+    auto = make_dm(tmp_path / "data", tmp_path, PathXDataModule, PathXConfig)
+    info = auto.data_info()
+    assert len(info["copies_found"]) == 2 and info["source"] == info["copies_found"][0]
+    assert info["source"].endswith("data/lra_release/lra_release/pathfinder128/curv_contour_length_14")  # inner
+    auto.setup()
+    assert sum(len(auto.splits[s]) for s in ("train", "val", "test")) == 10
+    outer = make_dm(tmp_path / "data", tmp_path, PathXDataModule, PathXConfig, folder="lra_release/pathfinder128")
+    assert outer.root() == tmp_path / "data" / "lra_release" / "pathfinder128" / "curv_contour_length_14"
+    assert outer.cache_path != auto.cache_path
+    with pytest.raises(DataSourceError, match="too few"):
+        outer.prepare_data()  # the outer copy (3 images) is really the one read
+
+
+def test_difficulty_option(tmp_path: Path) -> None:
+    write_pathfinder(tmp_path / "data", difficulty_dir="curv_contour_length_9", per_folder=10, folders=1)
+    write_pathfinder(tmp_path / "data", difficulty_dir="curv_baseline", per_folder=5, folders=1)
+    nine = make_dm(tmp_path / "data", tmp_path, difficulty=9, generate_if_missing=False)
+    nine.setup()
+    assert nine.data_info()["difficulty"] == "curv_contour_length_9"
+    assert [len(nine.splits[s]) for s in ("train", "val", "test")] == [8, 1, 1]
+    with pytest.raises(DataSourceError, match="too few"):
+        split_indices(9, 0, 0.1, 0.1)
+    base = make_dm(tmp_path / "data", tmp_path, difficulty="baseline", generate_if_missing=False)
+    assert base.root().name == "curv_baseline"
+    with pytest.raises(MissingSourceError, match="curv_contour_length_14"):
+        make_dm(tmp_path / "data", tmp_path, generate_if_missing=False).prepare_data()
+    hard = make_dm(tmp_path / "data", tmp_path, difficulty="hard", generate_if_missing=False)
+    assert hard.cache_path == make_dm(tmp_path / "data", tmp_path, difficulty=14).cache_path  # one spelling
+    with pytest.raises(ValueError, match="baseline, 9, 14"):
+        make_dm(tmp_path / "data", tmp_path, difficulty="12")
+
+
+def test_malformed_metadata_and_missing_png_name_file_and_line(tmp_path: Path) -> None:
+    base = write_pathfinder(tmp_path / "data", folders=1)
+    meta = base / "metadata" / "0.npy"
+    lines = meta.read_text().splitlines()
+    meta.write_text("\n".join([*lines[:2], "imgs/0 sample_1.png", *lines[2:]]) + "\n")
+    with pytest.raises(DataSourceError, match=r"metadata/0.npy:3: expected 11 space-separated fields"):
+        make_dm(tmp_path / "data", tmp_path).prepare_data()
+    meta.write_text("\n".join([*lines, "imgs/0 sample_99.png 99 1 1.0 14 4 2 0.5 1 1"]) + "\n")
+    with pytest.raises(DataSourceError, match=r"metadata/0.npy:7: image .*sample_99.png does not exist"):
+        make_dm(tmp_path / "data", tmp_path).prepare_data()
+
+
+def test_missing_without_generation_three_ways(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    dm = make_dm(tmp_path / "data", tmp_path, PathXDataModule, PathXConfig)
+    assert dm.cfg["generate_if_missing"] is False  # Path-X never generates unless asked
+    with pytest.raises(MissingSourceError) as info:
+        dm.prepare_data()
+    msg = str(info.value)
+    for nest in ("", "lra_release/", "lra_release/lra_release/"):
+        assert f"{tmp_path / 'data'}/{nest}pathfinder128/curv_contour_length_14/{{metadata" in msg
+    assert "lra_release.gz" in msg and "meerkat-ml/pathfinder" in msg
+    assert "python -m tasks.generate.pathfinder --out" in msg and "--resolution 128" in msg
+
+
+def test_generate_if_missing(tmp_path: Path) -> None:
+    dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=20, gen_workers=1)
+    dm.setup()
+    assert (tmp_path / "data" / "pathfinder32" / "curv_contour_length_14" / "metadata").is_dir()
+    assert sum(len(dm.splits[s]) for s in ("train", "val", "test")) == 20
+    labels = np.concatenate([np.asarray(dm.splits[s].table["label"]) for s in ("train", "val", "test")])
+    assert labels.sum() == 10  # the generator balances labels exactly
+    assert dm.data_info()["source"].startswith("generated:")
+
+
+def test_regenerates_when_generator_knobs_change(tmp_path: Path) -> None:
+    make_dm(tmp_path / "data", tmp_path, gen_num_images=30, gen_workers=1).prepare_data()
+    dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=20, gen_workers=1)
+    dm.setup()
+    assert sum(len(dm.splits[s]) for s in ("train", "val", "test")) == 20  # not the 30 left from before
+    kept = make_dm(tmp_path / "data", tmp_path, gen_num_images=10, generate_if_missing=False)
+    assert kept.stale_generated(kept.root())
+    kept.prepare_data()  # without generate_if_missing it warns and uses the data as it is, never deletes
+    assert len(list((kept.root() / "imgs" / "0").glob("*.png"))) == 20
