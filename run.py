@@ -9,9 +9,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from lra_bench.hydra_setup import setup
+from lra_bench.hydra_setup import quiet_third_party_warnings, setup
 
 setup()
+quiet_third_party_warnings()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

@@ -24,6 +24,20 @@ def run_dir(run_name: str | None, override_dirname: str | None) -> str:
     return name
 
 
+def quiet_third_party_warnings() -> None:
+    """Silence library chatter that says nothing about the run (deprecations inside Lightning, the srun hint
+    printed on any machine with SLURM installed, Lightning's marketing tips)."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system.*")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage() and "💡 Tip" not in record.getMessage()
+    )
+
+
 def setup() -> None:
     global _DONE
     if _DONE:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from torch import nn
@@ -11,6 +12,12 @@ from models.attention.base import Attention
 from models.encoder import Encoder
 from models.heads import Classifier, DualClassifier
 from models.landmarks import build_selector
+
+
+def offset_seed(kwargs: dict[str, Any], layer: int) -> dict[str, Any]:
+    if isinstance(kwargs.get("seed"), int):
+        kwargs["seed"] = kwargs["seed"] + 1000 * layer
+    return kwargs
 
 
 def build_classifier(
@@ -29,12 +36,23 @@ def build_classifier(
     attn_name = attn["name"]
     params = attention_params(attn_name, attn)
 
+    layer = itertools.count()
+
     def make_attention(total_len: int) -> Attention:
+        """Called once per block, in order. Seeded components get `seed + 1000·layer` so layers draw
+        different landmarks/features while a run stays reproducible from its one `seed`."""
+        index = next(layer)
         sel = None
         if selector is not None:
-            sel = build_selector(selector["name"], **{k: v for k, v in selector.items() if k != "name"})
+            sel_kwargs = offset_seed({k: v for k, v in selector.items() if k != "name"}, index)
+            sel = build_selector(selector["name"], **sel_kwargs)
         return build_attention(
-            attn_name, head_dim=head_dim, num_heads=num_heads, seq_len=total_len, selector=sel, **params
+            attn_name,
+            head_dim=head_dim,
+            num_heads=num_heads,
+            seq_len=total_len,
+            selector=sel,
+            **offset_seed(dict(params), index),
         )
 
     encoder = Encoder(

@@ -1,0 +1,176 @@
+"""Residual-pivoted landmark attention: exact columns of A at pivot keys, ridge coefficients on a row sketch.
+
+Source idea (arXiv 2607.26863, no code): greedy pivoted QR picks keys J (|J| ≤ r_max, stopping at
+τ·‖A‖_F); C = A[:, J]; T = (CᵀC + λI)⁻¹ CᵀA; output C (T V) in place of AV. CᵀA V needs AV — the exact
+output — so T is fitted on a row sketch S of ℓ query rows, whose rows of A are exact and cheap
+(reference/algorithms.md §6.2):  T V = (C_SᵀC_S + λI)⁻¹ C_Sᵀ (A_S V).
+
+Exact columns A[:, J] = exp(q_i·k_J − lse_i) need every row's log-sum-exp over all keys. Two modes:
+
+* `columns: kernel` (default, sub-quadratic, algorithms.md §6.1): work on the unnormalised kernel
+  E_ij = exp(q_i·k_j − c_i) (any per-row shift c_i cancels): E ≈ E[:, J] T with T fitted on the sketch rows
+  (where E_S is exact), then renormalise with the same factorisation,
+      out_i = E_iJ (T V) / E_iJ (T 1),
+  the denominator clamped from below by Σ_{j∈J} E_ij (a true lower bound of the row sum, so never ≤ 0).
+  Cost O(N·r·D + ℓ·N·D + r³).
+* `columns: exact`: C = A[:, J] with lse from query blocks (`block_size`): O(N²D) time but O(N·block)
+  memory, including the backward pass (a custom autograd function recomputes each block).
+
+Pivots come from the selector (`pivoted_qr` by default; any token selector works, cluster means do not —
+`lra_bench.validate` says so). When the selector supplies its sketch rows (pivoted_qr does) they are reused,
+else the attention draws ℓ real rows uniformly with its own seeded generator. λ is relative:
+λ = ridge·mean(diag C_SᵀC_S) (our choice: scale-free). Everything runs in fp32 (autocast off): the
+work is O(N·r) and the ridge solve must be fp32 anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models.attention.base import Attention
+from models.attention.numerics import fp32_core, masked_softmax
+from models.attention.registry import register_attention
+from models.landmarks.base import LandmarkSelector, gather_tokens, resolve_num_landmarks
+from models.landmarks.pivoted_qr import sketch_size
+from models.landmarks.uniform import UniformSelector
+
+COLUMNS = ("kernel", "exact")
+
+
+@dataclass
+class PivotedConfig:
+    name: str = "pivoted"
+    num_landmarks: Any = 64  # r_max (int or "log2"); the selector's τ may stop earlier
+    ridge: float = 1.0e-4  # λ relative to mean(diag C_SᵀC_S)
+    sketch_rows: int = 0  # ℓ when the selector supplies no sketch; 0 = 2·r
+    columns: str = "kernel"  # kernel (sub-quadratic) | exact (blockwise log-sum-exp)
+    block_size: int = 1024  # query block for the exact log-sum-exp
+    seed: int = 0  # own row sketch
+
+
+class BlockwiseLSE(torch.autograd.Function):
+    """lse_i = log Σ_j exp(q_i·k_j) over real keys, in query blocks: O(N·block) memory forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor, block: int) -> torch.Tensor:
+        out = []
+        for start in range(0, q.shape[-2], block):
+            logits = q[..., start : start + block, :] @ k.transpose(-1, -2)
+            out.append(torch.logsumexp(logits.masked_fill(~key_valid, float("-inf")), dim=-1))
+        lse = torch.cat(out, dim=-1)
+        ctx.save_for_backward(q, k, key_valid, lse)
+        ctx.block = block
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q, k, key_valid, lse = ctx.saved_tensors
+        grad_q, grad_k = torch.zeros_like(q), torch.zeros_like(k)
+        grad = torch.where(torch.isfinite(lse), grad, torch.zeros_like(grad))
+        for start in range(0, q.shape[-2], ctx.block):
+            sl = slice(start, start + ctx.block)
+            logits = q[..., sl, :] @ k.transpose(-1, -2)
+            probs = torch.exp(logits - lse[..., sl, None]).masked_fill(~key_valid, 0.0).nan_to_num(0.0)
+            weighted = probs * grad[..., sl, None]
+            grad_q[..., sl, :] = weighted @ k
+            grad_k += weighted.transpose(-1, -2) @ q[..., sl, :]
+        return grad_q, grad_k, None, None
+
+
+@register_attention("pivoted", config=PivotedConfig)
+class PivotedAttention(Attention):
+    takes_selector = True
+    #: C = A[:, J] needs landmarks that are tokens (checked by lra_bench.validate)
+    needs_token_landmarks = True
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        num_landmarks: int | str = 64,
+        ridge: float = 1.0e-4,
+        sketch_rows: int = 0,
+        columns: str = "kernel",
+        block_size: int = 1024,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(head_dim, num_heads, seq_len)
+        if columns not in COLUMNS:
+            raise ValueError(f"attn.columns={columns!r}: expected one of {', '.join(COLUMNS)}")
+        self.selector = selector
+        self.num_landmarks, self.ridge, self.sketch_rows = num_landmarks, float(ridge), int(sketch_rows)
+        self.columns, self.block_size = columns, int(block_size)
+        self.row_sampler = UniformSelector(seed=seed)
+
+    def landmark_count(self, seq_len: int) -> int:
+        return resolve_num_landmarks(self.num_landmarks, seq_len)
+
+    def _operator(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Â v for any right-hand side `v [B, H, N, E]` (E = D in forward, E = N for the implied matrix)."""
+        scale = q.shape[-1] ** -0.25
+        lm = self.selector(q * scale, k * scale, mask, self.landmark_count(q.shape[-2]))
+        if lm.indices is None:
+            raise ValueError(
+                f"attn=pivoted needs token landmarks; selector {type(self.selector).__name__} returns cluster means"
+            )
+        rows, rows_valid = getattr(lm, "rows", None), getattr(lm, "rows_valid", None)
+        if rows is None:
+            ell = sketch_size(self.sketch_rows, lm.count, q.shape[-2])
+            sketch = self.row_sampler(q, k, mask, ell)
+            rows, rows_valid = sketch.indices, sketch.valid
+        with fp32_core(q.device):
+            qf, kf, vf = q.float() * scale, k.float() * scale, v.float()
+            key_valid = (
+                torch.ones(q.shape[0], 1, 1, q.shape[-2], dtype=torch.bool, device=q.device)
+                if mask is None
+                else mask[:, None, None, :]
+            )
+            lm_valid = lm.valid.unsqueeze(-2)  # [B, H, 1, r]
+            k_j = gather_tokens(kf, lm.indices)
+            q_s = gather_tokens(qf, rows)
+            row_ok = rows_valid.unsqueeze(-1).to(qf.dtype)  # [B, H, ℓ, 1]
+            sketch_logits = (q_s @ kf.transpose(-1, -2)).masked_fill(~key_valid, float("-inf"))
+            if self.columns == "kernel":
+                shift_s = sketch_logits.amax(-1, keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
+                e_s = torch.exp(sketch_logits - shift_s) * row_ok  # exact sketch rows of E, [B, H, ℓ, N]
+                c_s = torch.exp(q_s @ k_j.transpose(-1, -2) - shift_s) * lm_valid * row_ok
+                logits_j = (qf @ k_j.transpose(-1, -2)).masked_fill(~lm_valid, float("-inf"))
+                shift = logits_j.amax(-1, keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
+                cols = torch.exp(logits_j - shift) * lm_valid  # E[:, J], [B, H, N, r]
+                rhs = torch.cat([e_s @ vf, e_s.sum(-1, keepdim=True)], dim=-1)
+                coef = self._ridge_solve(c_s, rhs, lm.valid)  # T [V | 1]
+                both = cols @ coef
+                den = torch.maximum(both[..., -1:], cols.sum(-1, keepdim=True)).clamp_min(1e-30)
+                out = both[..., :-1] / den
+            else:
+                lse = BlockwiseLSE.apply(qf, kf, key_valid, self.block_size)  # [B, H, N]
+                lse = lse.nan_to_num(0.0, neginf=0.0)
+                cols = torch.exp(qf @ k_j.transpose(-1, -2) - lse.unsqueeze(-1)) * lm_valid  # A[:, J]
+                c_s = gather_tokens(cols, rows) * row_ok
+                a_s = masked_softmax(q_s @ kf.transpose(-1, -2), key_valid) * row_ok
+                out = cols @ self._ridge_solve(c_s, a_s @ vf, lm.valid)
+        return out.to(v.dtype)
+
+    def _ridge_solve(self, c_s: torch.Tensor, rhs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """(C_SᵀC_S + λI)⁻¹ C_Sᵀ rhs, with invalid landmarks' rows/columns set to the identity."""
+        gram = c_s.transpose(-1, -2) @ c_s
+        diag = gram.diagonal(dim1=-2, dim2=-1)
+        lam = self.ridge * (diag.sum(-1) / valid.sum(-1).clamp_min(1)).clamp_min(1e-30)
+        eye = torch.eye(gram.shape[-1], device=gram.device, dtype=gram.dtype)
+        gram = gram + lam[..., None, None] * eye + torch.diag_embed((~valid).to(gram.dtype))
+        return torch.linalg.solve(gram, c_s.transpose(-1, -2) @ rhs)
+
+    def forward(self, q, k, v, mask):
+        return self._operator(q, k, v, mask)
+
+    def implied_matrix(self, q, k, mask):
+        eye = torch.eye(q.shape[-2], device=q.device, dtype=torch.float32).expand(*q.shape[:2], -1, -1)
+        mat = self._operator(q.float(), k.float(), eye, mask)
+        if mask is not None:
+            mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
+        return mat

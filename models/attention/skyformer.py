@@ -1,0 +1,107 @@
+"""Skyformer (Chen et al. 2021): Nyström approximation of a Gaussian kernel on the stacked [Q; K].
+
+    κ(a, b) = exp(−‖a − b‖²/2) = exp(a·b − ‖a‖²/2 − ‖b‖²/2),   q, k scaled by d^(-1/4);
+    X = [Q; K] (2N × d) makes κ(X, X) positive semi-definite; m landmarks X_S are drawn uniformly from the
+    *real* tokens, half from the Q part and half from the K part;
+    W = κ(X_S, X_S) + λI, degree-normalised D^(-1/2) W D^(-1/2) (D = row sums) for the iterative
+    pseudo-inverse (6 Newton–Schulz steps), then un-normalised:  W⁺ ≈ D^(-1/2) pinv(D^(-1/2) W D^(-1/2)) D^(-1/2);
+    out = κ(Q, X_S) · W⁺ · (κ(X_S, K) V)   (no row normalisation, as in the paper).
+
+Landmarks are sampled (two draws: Q part, K part) with the module's own seeded generator (a fixed draw at
+eval, like every selector here); invalid landmark slots (fewer real tokens than m/2) drop out through
+identity rows in W. Core in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.attention.base import Attention
+from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv
+from models.attention.registry import register_attention
+from models.landmarks.base import broadcast_mask, gather_tokens
+from models.landmarks.uniform import UniformSelector, sample_real_tokens
+
+
+@dataclass
+class SkyformerConfig:
+    name: str = "skyformer"
+    num_landmarks: int = 128  # nb_features
+    ridge: float = 0.1  # λ added to W
+    pinv: str = "iterative"  # iterative | exact
+    pinv_iterations: int = 6
+    seed: int = 0
+
+
+def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    sq = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1).unsqueeze(-2) - 2.0 * (a @ b.transpose(-1, -2))
+    return torch.exp(-0.5 * sq.clamp_min(0.0))
+
+
+@register_attention("skyformer", config=SkyformerConfig)
+class SkyformerAttention(Attention):
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        num_landmarks: int = 128,
+        ridge: float = 0.1,
+        pinv: str = "iterative",
+        pinv_iterations: int = 6,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(head_dim, num_heads, seq_len)
+        if pinv not in ("iterative", "exact"):
+            raise ValueError(f"attn.pinv={pinv!r}: expected 'iterative' or 'exact'")
+        if int(num_landmarks) < 2:
+            raise ValueError(f"attn.num_landmarks={num_landmarks}: need at least 2 (half from Q, half from K)")
+        self.num_landmarks, self.ridge = int(num_landmarks), float(ridge)
+        self.pinv, self.pinv_iterations = pinv, int(pinv_iterations)
+        self.sampler = UniformSelector(seed=seed)
+
+    def landmark_count(self, seq_len: int) -> int:
+        return min(self.num_landmarks, 2 * seq_len)
+
+    def _factors(self, q, k, mask):
+        """κ(Q, X_S) `[B,H,N,m]`, W⁺ `[B,H,m,m]`, κ(X_S, K) `[B,H,m,N]` (pads zero), all fp32."""
+        scale = q.shape[-1] ** -0.25
+        qf, kf = q.float() * scale, k.float() * scale
+        m = self.landmark_count(q.shape[-2])
+        half = m // 2
+        real = broadcast_mask(mask, qf)
+        idx_q, valid_q = sample_real_tokens(self.sampler, real, q.shape[1], half, stream=0)
+        idx_k, valid_k = sample_real_tokens(self.sampler, real, q.shape[1], m - half, stream=1)
+        x_s = torch.cat([gather_tokens(qf, idx_q), gather_tokens(kf, idx_k)], dim=-2)
+        valid = torch.cat([valid_q, valid_k], dim=-1)
+        left = gaussian_kernel(qf, x_s) * valid.unsqueeze(-2)
+        right = gaussian_kernel(x_s, kf) * valid.unsqueeze(-1)
+        if mask is not None:
+            right = right * mask[:, None, None, :]
+        pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+        eye = torch.eye(m, device=q.device, dtype=qf.dtype)
+        core = torch.where(pair, gaussian_kernel(x_s, x_s) + self.ridge * eye, eye)
+        inv_sqrt = core.sum(-1).clamp_min(1e-12).rsqrt()
+        normed = core * inv_sqrt.unsqueeze(-1) * inv_sqrt.unsqueeze(-2)
+        pinv = exact_pinv(normed) if self.pinv == "exact" else iterative_pinv(normed, self.pinv_iterations)
+        core_inv = pinv * inv_sqrt.unsqueeze(-1) * inv_sqrt.unsqueeze(-2)
+        return left, core_inv, right
+
+    def rank_budget(self, seq_len: int) -> int:
+        return min(self.landmark_count(seq_len), seq_len)
+
+    def forward(self, q, k, v, mask):
+        with fp32_core(q.device):
+            left, core_inv, right = self._factors(q, k, mask)
+            out = left @ (core_inv @ (right @ v.float()))
+        return out.to(v.dtype)
+
+    def implied_matrix(self, q, k, mask):
+        with fp32_core(q.device):
+            left, core_inv, right = self._factors(q, k, mask)
+            mat = left @ core_inv @ right
+        if mask is not None:
+            mat = mat * mask[:, None, :, None]
+        return mat

@@ -1,0 +1,222 @@
+"""Outlier-spectral landmark attention: a truncated-spectrum Nyström token mixer on a bounded affinity.
+
+Source idea (arXiv 2608.00840, no code): sampled columns of a bounded symmetric matrix estimate its
+spectrally outlying eigenpairs. Neural version, as implemented here:
+
+    z_i = x_i / (‖x_i‖ + 1e-6),   A_ij = tanh(z_iᵀz_j / √d)   (or a Gaussian exp(−‖z_i − z_j‖²/2σ²), clipped
+    to [0, 1]),   C = A[:, S],   W = (A[S,S] + A[S,S]ᵀ)/2 = U diag(μ) Uᵀ,
+    P = U diag(1/μ_k if |μ_k| ≥ τ else 0) Uᵀ,     out = v + α · C P (Cᵀ v) / n_valid.
+
+**Our reading / our choices** (each a config field):
+
+* X: the layer's attention input. Our interface only sees q, k, v, so the affinity is built on their
+  stand-in for X: the concatenation [q_i; k_i] (`tokens: qk`, default — a 2d-dimensional linear image of
+  x_i, through which both projections learn), or k or q alone; the mixer acts on the value path. The
+  paper's X + α·(…) becomes v + α·(…) (`residual: true`); the block's own residual connection is outside.
+* Scale: C P Cᵀ ≈ A has entries up to 1 and grows with n, so the mixed term is divided by the number of real
+  tokens n_valid (an average), and α is a learned per-head scalar initialised small (`alpha_init`).
+* Landmarks S come from any selector (default `uniform`); with cluster-mean landmarks (segment means,
+  k-means) the "columns" are affinities to the renormalised centroids (clustered Nyström). As the paper
+  prescribes, a data-independent random selector (`uniform`) is replaced by deterministic `hash` positions
+  at inference (`eval_hash`); data-driven selectors are kept.
+* s: `num_landmarks` directly, or the paper's s = c·ln n/(ε⁴δ)·ln³(1/(εδ)) clipped to [r_min, n]
+  (`sample_rule: formula`).
+* τ: relative to max|μ| (`eig_tol_mode: relative`, default) or absolute. The rank kept r = #{|μ| ≥ τ} is
+  reported by `extra_diagnostics()`.
+* Gradients: `eigh` runs in fp32 without gradient; the eigenvalues are recomputed differentiably as
+  μ = diag(Uᵀ W U) (their exact first-order derivative) and the eigenvectors are treated as constants, so
+  degenerate spectra (duplicate landmarks, empty clusters) never produce the 1/(μ_i − μ_j) NaNs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.attention.base import Attention
+from models.attention.numerics import fp32_core
+from models.attention.registry import register_attention
+from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
+from models.landmarks.hash import HashSelector
+
+AFFINITIES = ("tanh", "gaussian")
+
+
+@dataclass
+class SpectralConfig:
+    name: str = "spectral"
+    num_landmarks: Any = 64  # s (int or "log2"), used when sample_rule = given
+    sample_rule: str = "given"  # given | formula (s = c·ln n/(ε⁴δ)·ln³(1/(εδ)), clipped to [r_min, n])
+    eps: float = 0.5
+    delta: float = 0.5
+    c: float = 1.0
+    r_min: int = 8
+    affinity: str = "tanh"  # tanh | gaussian
+    bandwidth: float = 1.0  # σ of the Gaussian affinity
+    tokens: str = "qk"  # what plays the paper's X in the affinity: qk ([q; k]) | key | query
+    eig_tol: float = 1.0e-3  # τ
+    eig_tol_mode: str = "relative"  # relative (τ·max|μ|) | absolute
+    alpha_init: float = 0.1
+    residual: bool = True  # out = v + α·mix (the paper's X + α·…); false: α·mix only
+    eval_hash: bool = True  # at inference, replace a randomised selector by hash positions
+
+
+def formula_sample_size(n: int, eps: float, delta: float, c: float, r_min: int) -> int:
+    """The paper's s = c·ln(n)/(ε⁴δ)·ln³(1/(εδ)), clipped to [r_min, n]."""
+    s = c * math.log(max(n, 2)) / (eps**4 * delta) * math.log(1.0 / (eps * delta)) ** 3
+    return int(min(max(math.ceil(s), r_min), n))
+
+
+def affinity(a: torch.Tensor, b: torch.Tensor, kind: str, bandwidth: float) -> torch.Tensor:
+    """Bounded symmetric affinity between unit vectors `a [..., N, D]` and `b [..., M, D]` → `[..., N, M]`."""
+    dots = a @ b.transpose(-1, -2)
+    if kind == "tanh":
+        return torch.tanh(dots / math.sqrt(a.shape[-1]))
+    sq = ((a * a).sum(-1, keepdim=True) + (b * b).sum(-1).unsqueeze(-2) - 2.0 * dots).clamp_min(0.0)
+    return torch.exp(-sq / (2.0 * bandwidth**2)).clamp(0.0, 1.0)
+
+
+def truncated_inverse(w: torch.Tensor, valid: torch.Tensor, tol: float, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """P = U diag(1/μ on |μ| ≥ τ, else 0) Uᵀ for symmetric `w [..., s, s]` (fp32) → P and the rank kept `[...]`.
+
+    Eigenvectors are constants (no_grad eigh); μ = diag(UᵀWU) carries the gradient."""
+    pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+    w = torch.where(pair, 0.5 * (w + w.transpose(-1, -2)), torch.zeros_like(w))
+    with torch.no_grad():
+        mu0, u = torch.linalg.eigh(w)
+        top = mu0.abs().amax(-1, keepdim=True)
+        thr = tol * top if mode == "relative" else torch.full_like(top, tol)
+        keep = (mu0.abs() >= thr) & (mu0.abs() > 1e-6 * top.clamp_min(1e-30)) & (top > 0)
+    mu = ((u.transpose(-1, -2) @ w) * u.transpose(-1, -2)).sum(-1)
+    inv = torch.where(keep, 1.0 / torch.where(keep, mu, torch.ones_like(mu)), torch.zeros_like(mu))
+    return (u * inv.unsqueeze(-2)) @ u.transpose(-1, -2), keep.sum(-1)
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    return x / (x.norm(dim=-1, keepdim=True) + 1e-6)
+
+
+@register_attention("spectral", config=SpectralConfig)
+class SpectralAttention(Attention):
+    takes_selector = True
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        num_landmarks: int | str = 64,
+        sample_rule: str = "given",
+        eps: float = 0.5,
+        delta: float = 0.5,
+        c: float = 1.0,
+        r_min: int = 8,
+        affinity: str = "tanh",
+        bandwidth: float = 1.0,
+        tokens: str = "qk",
+        eig_tol: float = 1.0e-3,
+        eig_tol_mode: str = "relative",
+        alpha_init: float = 0.1,
+        residual: bool = True,
+        eval_hash: bool = True,
+    ) -> None:
+        super().__init__(head_dim, num_heads, seq_len)
+        checks = (
+            ("sample_rule", sample_rule, ("given", "formula")),
+            ("affinity", affinity, AFFINITIES),
+            ("tokens", tokens, ("qk", "key", "query")),
+            ("eig_tol_mode", eig_tol_mode, ("relative", "absolute")),
+        )
+        for key, value, valid in checks:
+            if value not in valid:
+                raise ValueError(f"attn.{key}={value!r}: expected one of {', '.join(valid)}")
+        if not (0 < eps < 1 and 0 < delta < 1):
+            raise ValueError(f"attn.eps={eps}, attn.delta={delta}: both must lie in (0, 1)")
+        self.selector = selector
+        self.num_landmarks, self.sample_rule = num_landmarks, sample_rule
+        self.eps, self.delta, self.c, self.r_min = eps, delta, c, int(r_min)
+        self.affinity, self.bandwidth, self.tokens = affinity, float(bandwidth), tokens
+        self.eig_tol, self.eig_tol_mode = float(eig_tol), eig_tol_mode
+        self.residual, self.eval_hash = bool(residual), bool(eval_hash)
+        self.alpha = nn.Parameter(torch.full((num_heads,), float(alpha_init)))
+        self._hash = HashSelector()
+        self._rank_kept: torch.Tensor | None = None
+
+    def landmark_count(self, seq_len: int) -> int:
+        if self.sample_rule == "formula":
+            return formula_sample_size(seq_len, self.eps, self.delta, self.c, self.r_min)
+        return resolve_num_landmarks(self.num_landmarks, seq_len)
+
+    def token_vectors(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The normalised tokens z `[B, H, N, D']` the affinity is built on."""
+        x = {"qk": lambda: torch.cat([q, k], dim=-1), "key": lambda: k, "query": lambda: q}[self.tokens]()
+        return unit(x)
+
+    def select_landmarks(self, z: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
+        s = self.landmark_count(z.shape[-2])
+        if not self.training and self.eval_hash and getattr(self.selector, "randomized", False):
+            return self._hash(z, z, mask, s)
+        return self.selector(z, z, mask, s)
+
+    def mixer(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None):
+        """C `[B, H, N, s]` (pads and invalid landmarks zero) and P `[B, H, s, s]` (fp32)."""
+        z = self.token_vectors(q, k)
+        lm = self.select_landmarks(z, mask)
+        zs = unit(lm.queries)  # centroids are renormalised onto the sphere (no-op for token landmarks)
+        with fp32_core(q.device):
+            zf, zsf = z.float(), zs.float()
+            cols = affinity(zf, zsf, self.affinity, self.bandwidth) * lm.valid.unsqueeze(-2)
+            if mask is not None:
+                cols = cols * mask[:, None, :, None]
+            core = affinity(zsf, zsf, self.affinity, self.bandwidth)
+            p, rank = truncated_inverse(core, lm.valid, self.eig_tol, self.eig_tol_mode)
+        self._rank_kept = rank.detach()
+        return cols, p
+
+    def _scale(self, mask: torch.Tensor | None, n: int, ref: torch.Tensor) -> torch.Tensor:
+        alpha = self.alpha.float()[None, :, None, None]
+        if mask is None:
+            return alpha / n
+        return alpha / mask.sum(-1).clamp_min(1).to(ref.dtype)[:, None, None, None]
+
+    def forward(self, q, k, v, mask):
+        cols, p = self.mixer(q, k, mask)
+        with fp32_core(q.device):
+            mix = cols @ (p @ (cols.transpose(-1, -2) @ v.float()))
+            mix = mix * self._scale(mask, q.shape[-2], mix)
+        mix = mix.to(v.dtype)
+        return v + mix if self.residual else mix
+
+    def implied_matrix(self, q, k, mask):
+        cols, p = self.mixer(q, k, mask)
+        mat = (cols @ p @ cols.transpose(-1, -2)) * self._scale(mask, q.shape[-2], cols)
+        return self._finish(mat, mask)
+
+    def target_pair(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None):
+        """(A, C P Cᵀ): the exact affinity the method approximates and its Nyström estimate, `[B, H, N, N]`
+        with pads zero (diagnostics only) — the pair in which the paper states its claim."""
+        cols, p = self.mixer(q, k, mask)
+        z = self.token_vectors(q, k).float()
+        exact = affinity(z, z, self.affinity, self.bandwidth)
+        approx = cols @ p @ cols.transpose(-1, -2)
+        if mask is not None:
+            pair = mask[:, None, :, None] & mask[:, None, None, :]
+            exact, approx = exact * pair, approx * pair
+        return exact, approx
+
+    def _finish(self, mat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if self.residual:
+            mat = mat + torch.eye(mat.shape[-1], device=mat.device, dtype=mat.dtype)
+        if mask is not None:
+            mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
+        return mat
+
+    def extra_diagnostics(self) -> dict[str, float]:
+        if self._rank_kept is None:
+            return {}
+        return {"rank_kept": float(self._rank_kept.float().mean())}

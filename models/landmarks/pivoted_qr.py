@@ -1,0 +1,123 @@
+"""Pivoted-QR landmarks: greedy residual-norm column pivoting (Businger–Golub) of A = softmax(QKᵀ) on a row
+sketch — randomized QRCP.
+
+ℓ real query rows S are drawn uniformly (seeded); their rows A_S = softmax(Q_S Kᵀ) (ℓ×N) are exact and cost
+O(ℓ·N·D) — the N×N matrix never exists. Greedy pivoting on the residual E (E⁽⁰⁾ = A_S):
+    j = argmax_j ‖E_{:,j}‖₂ over real, unchosen columns;   q = E_{:,j}/‖E_{:,j}‖;   E ← (I − qqᵀ) E,
+by modified Gram–Schmidt in fp32 with the new direction re-orthogonalised twice against the basis so far
+(E itself is never formed: see `greedy_pivots`).
+It stops at m pivots or when the largest residual column norm falls to τ·‖A_S‖_F (then the remaining slots
+are invalid landmarks). Padded columns are never chosen. The landmarks are the pivot tokens; the sketch rows
+travel with them (`PivotedLandmarks.rows`) so that the residual-pivoted attention fits its coefficients on
+the same sketch. Selectors receive q and k already scaled so that q·kᵀ are the attention logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.landmarks.base import Landmarks, gather_tokens
+from models.landmarks.kmeans import exact_fp32
+from models.landmarks.registry import register_selector
+from models.landmarks.uniform import SeededSelector, sample_real_tokens, token_landmarks
+
+
+@dataclass
+class PivotedLandmarks(Landmarks):
+    """Token landmarks plus the sketch rows they were chosen on (`rows`, `rows_valid`: `[B, H, ℓ]`)."""
+
+    rows: torch.Tensor | None = None
+    rows_valid: torch.Tensor | None = None
+
+
+def sketch_size(sketch_rows: int, m: int, n: int) -> int:
+    """ℓ: `sketch_rows` if given, else 2m (oversampling ×2); never more than N."""
+    return max(1, min(n, int(sketch_rows) if sketch_rows else 2 * m))
+
+
+def sketch_rows_softmax(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, rows_valid: torch.Tensor
+) -> torch.Tensor:
+    """Exact rows `rows [B, H, ℓ]` of softmax(q kᵀ) with padded keys at 0 and invalid rows at 0 → `[B, H, ℓ, N]`."""
+    logits = gather_tokens(q, rows) @ k.transpose(-1, -2)
+    logits = logits.masked_fill(~mask.unsqueeze(-2), float("-inf"))
+    a = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    return a * rows_valid.unsqueeze(-1).to(a.dtype)
+
+
+def greedy_pivots(a: torch.Tensor, mask: torch.Tensor, m: int, tol: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Businger–Golub column pivoting of `a [B, H, ℓ, N]` (fp32) by modified Gram–Schmidt.
+
+    The residual E = (I − QQᵀ)A is never formed: with W = QᵀA kept row by row, the candidate norms are
+    downdated, ‖E_{:,j}‖² = ‖a_j‖² − Σ_k W_kj² (fp64, as LAPACK's geqp3 does), and only the pivot's residual
+    column a_j − Q W[:, j] is formed (O(ℓk)) and re-orthogonalised twice against Q. One ℓ×N mat-vec per
+    pivot. The stopping test uses the pivot's exact residual norm (downdated norms drift by ~1e-7‖a_j‖²):
+    a pivot is valid while it exceeds max(τ, 1e-6)·‖a‖_F. Padded and chosen columns are never eligible.
+    Returns pivot indices and validity `[B, H, m]`."""
+    b, h, ell, n = a.shape
+    steps = min(m, n)
+    col_sq = a.double().pow(2).sum(-2)  # ‖a_j‖², [B, H, N]
+    resid_sq = col_sq.clone()
+    floor_sq = (max(float(tol), 1e-6) ** 2) * col_sq.sum(-1)  # τ²‖a‖_F², [B, H]
+    eligible = mask.expand(b, h, n).clone()
+    basis = a.new_zeros(b, h, ell, steps)  # Q (first t columns filled)
+    proj = a.new_zeros(b, h, steps, n)  # W = QᵀA (first t rows filled)
+    active = torch.ones(b, h, dtype=torch.bool, device=a.device)
+    picks, valid = [], []
+    for t in range(steps):
+        q_t, w_t = basis[..., :t], proj[..., :t, :]
+        j = resid_sq.masked_fill(~eligible, -1.0).argmax(dim=-1)
+        col = a.gather(-1, j[..., None, None].expand(b, h, ell, 1))  # a_j, [B, H, ℓ, 1]
+        if t:
+            col = col - q_t @ w_t.gather(-1, j[..., None, None].expand(b, h, t, 1))
+            col = col - q_t @ (q_t.transpose(-1, -2) @ col)
+        norm = col.norm(dim=-2, keepdim=True)
+        active = active & (norm.squeeze(-1).squeeze(-1).double().pow(2) > floor_sq)
+        qv = col / norm.clamp_min(1e-30)
+        if t:  # second pass: Gram–Schmidt alone loses orthogonality
+            qv = qv - q_t @ (q_t.transpose(-1, -2) @ qv)
+            qv = qv / qv.norm(dim=-2, keepdim=True).clamp_min(1e-30)
+        qv = qv * active[..., None, None].to(qv.dtype)
+        w = qv.transpose(-1, -2) @ a  # [B, H, 1, N]: qᵀA = qᵀE since q ⟂ Q
+        resid_sq = (resid_sq - w.squeeze(-2).double().pow(2)).clamp_min(0.0)
+        basis[..., t : t + 1] = qv
+        proj[..., t : t + 1, :] = w
+        eligible = eligible.scatter(-1, j.unsqueeze(-1), False)
+        picks.append(j)
+        valid.append(active)
+    idx = torch.stack(picks, -1) if picks else a.new_zeros(b, h, 0, dtype=torch.long)
+    ok = torch.stack(valid, -1) if valid else a.new_zeros(b, h, 0, dtype=torch.bool)
+    if idx.shape[-1] < m:  # fewer columns than m: pad with invalid slots
+        pad = m - idx.shape[-1]
+        idx = torch.cat([idx, idx.new_zeros(b, h, pad)], -1)
+        ok = torch.cat([ok, ok.new_zeros(b, h, pad)], -1)
+    return torch.where(ok, idx, torch.zeros_like(idx)), ok
+
+
+@dataclass
+class PivotedQRConfig:
+    name: str = "pivoted_qr"
+    tol: float = 1.0e-3  # τ: stop when the largest residual column norm ≤ τ·‖A_S‖_F
+    sketch_rows: int = 0  # ℓ query rows in the sketch; 0 = 2·m
+    seed: int = 0  # for the row sketch
+
+
+@register_selector("pivoted_qr", config=PivotedQRConfig)
+class PivotedQRSelector(SeededSelector):
+    token_landmarks = True
+    randomized = False  # data-driven (the randomness is only in the sketch)
+
+    def __init__(self, tol: float = 1.0e-3, sketch_rows: int = 0, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.tol, self.sketch_rows = float(tol), int(sketch_rows)
+
+    def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
+        ell = sketch_size(self.sketch_rows, m, q.shape[-2])
+        rows, rows_valid = sample_real_tokens(self, mask, q.shape[1], ell)
+        with exact_fp32(q.device):
+            a = sketch_rows_softmax(q.detach().float(), k.detach().float(), mask, rows, rows_valid)
+            idx, valid = greedy_pivots(a, mask, m, self.tol)
+        lm = token_landmarks(q, k, idx, valid)
+        return PivotedLandmarks(lm.queries, lm.keys, lm.valid, lm.indices, rows=rows, rows_valid=rows_valid)

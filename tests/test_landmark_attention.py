@@ -1,0 +1,296 @@
+"""Every attention × selector: shapes, masks, padding invariance, gradients, implied matrices, exact cases,
+and the approximation error not growing with the number of landmarks."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from models.attention import build_attention, list_attentions
+from models.attention.registry import attention_entry
+from models.landmarks import build_selector, list_selectors, selector_class
+
+B, H, D = 2, 2, 8
+SELECTORS = list_selectors()
+LANDMARK_ATTNS = [a for a in list_attentions() if attention_entry(a)[0].takes_selector]
+PLAIN_ATTNS = [a for a in list_attentions() if not attention_entry(a)[0].takes_selector]
+#: small settings so that every method is a real approximation at N ≈ 32
+SMALL = {
+    "nystrom": {"num_landmarks": 6, "conv_kernel": 0},
+    "gpa": {"num_landmarks": 6, "conv_kernel": 0},
+    "spectral": {"num_landmarks": 6},
+    "pivoted": {"num_landmarks": 6},
+    "linformer": {"proj_dim": 6},
+    "performer": {"num_features": 16},
+    "skyformer": {"num_landmarks": 6},
+}
+
+
+def pairs() -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
+    for attn in LANDMARK_ATTNS:
+        needs_tokens = getattr(attention_entry(attn)[0], "needs_token_landmarks", False)
+        out += [(attn, s) for s in SELECTORS if not needs_tokens or selector_class(s).token_landmarks]
+    return out + [(attn, None) for attn in PLAIN_ATTNS]
+
+
+PAIRS = pairs()
+IDS = [f"{a}-{s}" if s else a for a, s in PAIRS]
+
+
+def make(attn: str, selector: str | None, seq_len: int = 64, selector_kw=None, **kw):
+    sel = None if selector is None else build_selector(selector, **(selector_kw or {}))
+    params = {**SMALL.get(attn, {}), **kw}
+    return build_attention(attn, head_dim=D, num_heads=H, seq_len=seq_len, selector=sel, **params)
+
+
+def qkv(n: int, seed: int = 0, scale: float = 1.0, grad: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    out = [scale * torch.randn(B, H, n, D, generator=g) for _ in range(2)] + [torch.randn(B, H, n, D, generator=g)]
+    return [t.requires_grad_(grad) for t in out]
+
+
+def padded(n: int, real: int) -> torch.Tensor:
+    mask = torch.ones(B, n, dtype=torch.bool)
+    mask[1, real:] = False
+    return mask
+
+
+def masked_v(v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return v if mask is None else v * mask[:, None, :, None]
+
+
+def softmax_matrix(q, k, mask=None):
+    full = build_attention("full", head_dim=D, num_heads=H, seq_len=q.shape[-2])
+    return full.implied_matrix(q, k, mask)
+
+
+@pytest.mark.parametrize(("attn", "selector"), PAIRS, ids=IDS)
+def test_shapes_masks_and_gradients(attn: str, selector: str | None) -> None:
+    module = make(attn, selector)
+    q, k, v = qkv(32, grad=True)
+    mask = padded(32, 20)
+    out = module(q, k, masked_v(v, mask), mask)
+    assert out.shape == (B, H, 32, D) and out.dtype == v.dtype
+    assert torch.isfinite(out).all()
+    (out * mask[:, None, :, None]).pow(2).sum().backward()
+    for name, t in zip("qkv", (q, k, v)):
+        assert torch.isfinite(t.grad).all(), f"{name}.grad has NaN/Inf"
+        assert t.grad.abs().sum() > 0, f"no gradient reaches {name}"
+        assert t.grad[1, :, 20:].abs().sum() == 0 or name != "v", "pads carry no value"
+
+
+@pytest.mark.parametrize(("attn", "selector"), PAIRS, ids=IDS)
+def test_real_outputs_unchanged_by_extra_padding(attn: str, selector: str | None) -> None:
+    module = make(attn, selector)
+    q, k, v = qkv(24)
+    module.train()
+    module(q, k, v, None)  # one training pass (GPA's codebook, Performer's counter) before evaluating
+    module.eval()
+    with torch.no_grad():
+        ref = module(q, k, v, None)
+        extra = qkv(8, seed=1)
+        q2, k2, v2 = (torch.cat([a, b], dim=2) for a, b in zip((q, k, v), extra))
+        mask = torch.zeros(B, 32, dtype=torch.bool)
+        mask[:, :24] = True
+        out = module(q2, k2, masked_v(v2, mask), mask)
+    torch.testing.assert_close(out[:, :, :24], ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("attn", "selector"), PAIRS, ids=IDS)
+def test_implied_matrix_matches_forward(attn: str, selector: str | None) -> None:
+    module = make(attn, selector).eval()
+    q, k, v = qkv(20)
+    mask = padded(20, 13)
+    with torch.no_grad():
+        mat = module.implied_matrix(q, k, mask)
+        out = module(q, k, masked_v(v, mask), mask)
+    assert mat.shape == (B, H, 20, 20)
+    assert (mat[1, :, 13:] == 0).all() and (mat[1, :, :, 13:] == 0).all(), "pad rows and columns are zero"
+    real = mask[:, None, :, None]
+    torch.testing.assert_close((mat @ masked_v(v, mask)) * real, out * real, rtol=1e-3, atol=1e-4)
+
+
+def well_conditioned(n: int, seed: int = 0):
+    """k = q with large norms: A = softmax(qqᵀ/√d) is diagonally dominant, far from singular."""
+    q, _, v = qkv(n, seed=seed, scale=2.0)
+    return q, q.clone(), v
+
+
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_nystrom_with_every_token_is_exact(selector: str) -> None:
+    n = 12
+    kw = {"refresh_every": 1} if selector == "gpa" else {}
+    if selector in ("pivoted_qr",):
+        kw = {"tol": 0.0, "sketch_rows": n}
+    module = make("nystrom", selector, seq_len=n, num_landmarks=n, pinv="exact", selector_kw=kw).eval()
+    q, k, _ = well_conditioned(n)
+    torch.testing.assert_close(module.implied_matrix(q, k, None), softmax_matrix(q, k), rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("columns", ["kernel", "exact"])
+def test_pivoted_with_all_columns_is_exact(columns: str) -> None:
+    n = 12
+    module = make(
+        "pivoted",
+        "pivoted_qr",
+        seq_len=n,
+        num_landmarks=n,
+        ridge=1e-9,
+        columns=columns,
+        block_size=5,
+        selector_kw={"tol": 0.0, "sketch_rows": n},
+    ).eval()
+    q, k, v = well_conditioned(n)
+    mask = padded(n, n)
+    torch.testing.assert_close(module.implied_matrix(q, k, mask), softmax_matrix(q, k), rtol=0, atol=5e-4)
+    torch.testing.assert_close(module(q, k, v, mask), softmax_matrix(q, k) @ v, rtol=0, atol=2e-3)
+
+
+def test_pivoted_exact_columns_backward_matches_autograd() -> None:
+    """The blockwise log-sum-exp's hand-written backward equals autograd through torch.logsumexp."""
+    from models.attention.pivoted import BlockwiseLSE
+
+    q, k, _ = qkv(10, grad=True)
+    key_valid = padded(10, 7)[:, None, None, :]
+    g = torch.randn(B, H, 10)
+    (BlockwiseLSE.apply(q, k, key_valid, 3) * g).sum().backward()
+    got = q.grad.clone(), k.grad.clone()
+    q.grad = k.grad = None
+    ref = torch.logsumexp((q @ k.transpose(-1, -2)).masked_fill(~key_valid, float("-inf")), dim=-1)
+    (ref * g).sum().backward()
+    torch.testing.assert_close(got[0], q.grad)
+    torch.testing.assert_close(got[1], k.grad)
+
+
+@pytest.mark.parametrize("kind", ["homogeneous", "inhomogeneous"])
+@pytest.mark.parametrize("degree", [2, 4])
+def test_polynomial_matches_naive_formula(kind: str, degree: int) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = make("polynomial", None, degree=degree, kind=kind, bias=0.5)
+    q, k, v = qkv(16)
+    mask = padded(16, 11)
+    x = (q @ k.transpose(-1, -2)).double() / math.sqrt(D)
+    weights = (x if kind == "homogeneous" else 1 + x) ** degree * mask[:, None, None, :]
+    expected = (weights @ masked_v(v, mask).double()) / (0.5 + weights.sum(-1, keepdim=True))
+    torch.testing.assert_close(module(q, k, masked_v(v, mask), mask).double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_polynomial_warns_for_large_degree_and_rejects_odd() -> None:
+    with pytest.warns(UserWarning, match="features per head"):
+        make("polynomial", None, degree=4)
+    with pytest.raises(ValueError, match="even degree"):
+        make("polynomial", None, degree=3)
+
+
+def test_spectral_with_every_token_reproduces_its_affinity() -> None:
+    n = 10
+    module = make("spectral", "hash", seq_len=n, num_landmarks=n, eig_tol=1e-7).eval()
+    q, k, v = qkv(n)
+    exact, approx = module.target_pair(q, k, None)
+    torch.testing.assert_close(approx, exact, atol=1e-5, rtol=0)
+    expected = v + module.alpha[None, :, None, None] * (exact @ v) / n
+    torch.testing.assert_close(module(q, k, v, None), expected, atol=1e-5, rtol=1e-5)
+    assert module.extra_diagnostics()["rank_kept"] >= 1
+
+
+def test_full_implied_matrix_is_softmax() -> None:
+    q, k, v = qkv(9)
+    full = make("full", None)
+    torch.testing.assert_close(full(q, k, v, None), softmax_matrix(q, k) @ v, rtol=1e-5, atol=1e-5)
+
+
+def mean_error(attn: str, selector: str, m: int, q, k, seeds: int) -> float:
+    errs = []
+    for seed in range(seeds):
+        skw = {"seed": seed} if "seed" in selector_class(selector).config.__dataclass_fields__ else {}
+        if selector == "gpa":
+            skw["refresh_every"] = 1
+        module = make(attn, selector, seq_len=q.shape[-2], num_landmarks=m, selector_kw=skw).eval()
+        with torch.no_grad():
+            if attn == "spectral":  # the claim is about its own affinity, not softmax
+                ref, mat = module.target_pair(q, k, None)
+            else:
+                mat, ref = module.implied_matrix(q, k, None), softmax_matrix(q, k)
+        errs.append(float((mat - ref).norm() / ref.norm()))
+    return sum(errs) / len(errs)
+
+
+@pytest.mark.parametrize(
+    ("attn", "selector"), [p for p in PAIRS if p[1] is not None], ids=IDS[: len(PAIRS) - len(PLAIN_ATTNS)]
+)
+def test_error_does_not_grow_with_m(attn: str, selector: str) -> None:
+    n = 32
+    q, k, _ = qkv(n, seed=7)
+    seeded = "seed" in selector_class(selector).config.__dataclass_fields__
+    errors = [mean_error(attn, selector, m, q, k, seeds=3 if seeded else 1) for m in (4, 8, 16, 32)]
+    for small, large in zip(errors, errors[1:]):
+        assert large <= small * 1.1 + 1e-3, f"{attn}/{selector}: error grew with m: {errors}"
+    assert errors[-1] < errors[0]
+
+
+def test_spectral_uses_hash_landmarks_at_inference_and_the_formula_for_s() -> None:
+    q, k, v = qkv(24)
+    uniform, hashed = make("spectral", "uniform").eval(), make("spectral", "hash").eval()
+    hashed.load_state_dict(uniform.state_dict(), strict=False)
+    torch.testing.assert_close(uniform(q, k, v, None), hashed(q, k, v, None))
+    uniform.train()
+    assert not torch.allclose(uniform(q, k, v, None), hashed(q, k, v, None)), "training draws uniformly"
+    formula = make("spectral", "uniform", sample_rule="formula", eps=0.9, delta=0.9, r_min=3)
+    expected = math.ceil(math.log(1000) / (0.9**4 * 0.9) * math.log(1 / 0.81) ** 3)
+    assert formula.landmark_count(1000) == max(3, expected)
+    assert formula.landmark_count(2) == 2, "never more than n, even below r_min"
+
+
+SWEEP = [
+    (a, s) for a in ("nystrom", "spectral", "pivoted") for s in ("uniform", "segment_means", "kmeans", "pivoted_qr")
+]
+
+
+@pytest.mark.parametrize(("attn", "selector"), SWEEP, ids=[f"{a}-{s}" for a, s in SWEEP])
+def test_sweep_composition_rule(attn: str, selector: str) -> None:
+    """`run.py -m attn=nystrom,spectral,pivoted selector=uniform,segment_means,kmeans,pivoted_qr`: every pair that
+    makes sense composes and validates; pivoted with cluster-mean landmarks fails with one clear line."""
+    from lra_bench.validate import ConfigError, validate
+    from tests.conftest import compose
+
+    cfg = compose([f"attn={attn}", f"selector={selector}"])
+    if attn == "pivoted" and not selector_class(selector).token_landmarks:
+        with pytest.raises(ConfigError, match="needs token landmarks") as err:
+            validate(cfg)
+        assert "\n" not in str(err.value)
+    else:
+        validate(cfg)
+        assert cfg.selector.name == selector
+
+
+@pytest.mark.parametrize(("attn", "selector"), PAIRS, ids=IDS)
+def test_attentions_never_draw_from_the_global_rng(attn: str, selector: str | None) -> None:
+    module = make(attn, selector)
+    q, k, v = qkv(16)
+    before = torch.get_rng_state()
+    module.train()(q, k, v, None)
+    module.eval()(q, k, v, None)
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_performer_redraws_on_schedule_only_in_training() -> None:
+    module = make("performer", None, redraw_every=2)
+    q, k, v = qkv(8)
+    first = module.projection.clone()
+    module.eval()(q, k, v, None)
+    assert torch.equal(module.projection, first), "eval never redraws"
+    module.train()
+    module(q, k, v, None)
+    assert torch.equal(module.projection, first)
+    module(q, k, v, None)
+    assert not torch.equal(module.projection, first), "redrawn at pass 2"
+    clone = make("performer", None, redraw_every=2)
+    clone.load_state_dict(module.state_dict())
+    module(q, k, v, None), module(q, k, v, None)
+    clone.train()(q, k, v, None), clone(q, k, v, None)
+    assert torch.equal(clone.projection, module.projection), "the feature stream resumes from the checkpoint"
