@@ -4,6 +4,7 @@ resumed or requeued job continues the same W&B run. The API key is never written
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,12 @@ def build_loggers(cfg: DictConfig, output_dir: Path, run_name: str) -> tuple[lis
 
 
 def finish_wandb() -> None:
-    """Close the W&B run so the next job of a multirun does not write into it."""
+    """Close the W&B run so the next job of a multirun does not write into it.
+
+    Never raises: this runs in `train()`'s `finally`, also when SLURM is stopping the job for a requeue (SIGTERM
+    reaches W&B's service process too, so `finish()` may fail); an exception here would replace the job's own
+    outcome — and a requeued submitit job that returns, instead of exiting, leaves a stale result for the sweep.
+    """
     try:
         import wandb
 
@@ -68,3 +74,5 @@ def finish_wandb() -> None:
             wandb.finish()
     except ImportError:
         pass
+    except Exception as err:  # the W&B data written so far stays on disk; the run id is kept for the resume
+        print(f"[lra-bench] wandb.finish() failed: {type(err).__name__}: {err}", file=sys.stderr)

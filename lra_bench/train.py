@@ -217,6 +217,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         print_config(cfg, save_to=output_dir / "config_tree.log")
 
     requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
+    trainer: pl.Trainer | None = None
     try:
         pl.seed_everything(int(cfg.seed), workers=True)
         dm = build_datamodule(cfg)
@@ -284,12 +285,18 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             )
             record["metrics"]["test_acc"] = metric(trainer, "test/acc")
         record["status"] = "completed"
-    except (KeyboardInterrupt, SystemExit) as err:  # SIGTERMException: stopped by a signal at a step boundary
+    except BaseException as err:
+        signalled = trainer is not None and trainer.received_sigterm
+        if not isinstance(err, (KeyboardInterrupt, SystemExit)) and not signalled:
+            record["status"], record["error"] = "failed", f"{type(err).__name__}: {err}"
+            raise
+        # stopped by a signal (SIGTERMException at a step boundary, Ctrl-C, submitit's requeue): an error while
+        # shutting down (W&B's service gets the SIGTERM too) is part of the stop, and must not end the job as a
+        # normal failure: a submitit job that returns leaves a result that the sweep would take as final
         record["status"] = "interrupted"
         record["error"] = f"{type(err).__name__}: stopped by a signal; re-running the same command resumes"
-        raise
-    except BaseException as err:
-        record["status"], record["error"] = "failed", f"{type(err).__name__}: {err}"
+        if not isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise SystemExit(f"stopped by a signal ({type(err).__name__}: {err})") from err
         raise
     finally:
         record["run"]["finished_at"] = now()

@@ -90,6 +90,17 @@ class ResumableSampler(DistributedSampler):
         return iter(self.order(epoch)[offset * self.batch_size :].tolist())
 
 
+class ResumableDataLoader(DataLoader):
+    """The training DataLoader. Its `ResumableSampler` resumes by itself from `global_step`, so there is no state to
+    store; `state_dict`/`load_state_dict` only tell Lightning that this loader is resumable mid-epoch."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
 class LRADataModule(pl.LightningDataModule):
     """Base data module. `cfg` is the task config node as a plain dict (see the task's schema dataclass)."""
 
@@ -214,7 +225,7 @@ class LRADataModule(pl.LightningDataModule):
         batch_size = self.per_device_batch(self.batch_size)
         split = self.splits["train"]
         sampler = ResumableSampler(split, batch_size, self.seed, world, rank, self._consumed_train_batches)
-        return DataLoader(
+        return ResumableDataLoader(
             split,
             batch_size=batch_size,
             sampler=sampler,

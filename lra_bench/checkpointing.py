@@ -1,0 +1,359 @@
+"""Checkpoints for long, preemptible runs: what is saved when, how a resume picks its file, and who requeues.
+
+Why this module exists (DESIGN §6, issue 6):
+
+* `last.ckpt` is ours, not Lightning's. Since Lightning 2.6, `ModelCheckpoint(save_last=True)` writes `last.ckpt`
+  only when it also wrote a top-k file at that step, so the final state of a run (and most periodic states) never
+  reached `last.ckpt`. `LastCheckpoint` writes it every `every_n_train_steps`, after every validation, at the end
+  of training and when Lightning stops gracefully on SIGTERM; the previous one is kept as `last-prev.ckpt`
+  (written to a temp file, then renamed, so a kill mid-write never leaves a half file as `last.ckpt`).
+* `find_resumable` validates `last.ckpt` by loading it with `weights_only=True`; a truncated or unreadable file
+  falls back to `last-prev.ckpt`, then to the newest `best-*.ckpt`, with a warning naming what was skipped.
+* `FiniteGuard` stops the run when a parameter turns NaN/Inf after an optimizer step, before any checkpoint
+  callback runs (Lightning orders checkpoint callbacks last), so the last good checkpoint is never overwritten
+  by a poisoned state. The LightningModule already refuses a non-finite loss.
+* `RNGState` checkpoints the global RNGs (dropout), restored at train start: with the data order restored by
+  `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
+* `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off (see
+  `lra_bench.train.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
+  step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step (and its validation) and raises
+  `SIGTERMException` → `LastCheckpoint` saves → `train()` records the stop and calls submitit's own handler,
+  which requeues the job and exits. If no step boundary comes within `grace_s` (half the launcher's
+  `signal_delay_s`), an alarm hands over to submitit at once (the periodic `last.ckpt` then serves). A plain
+  SIGTERM (`scontrol requeue`, preemption, `scancel`) takes the same graceful path within SLURM's KillWait;
+  SLURM itself requeues those jobs.
+* `FaultInjection` (`+fault.*` overrides, tests only): slow steps, a NaN loss, NaN gradients.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Checkpoint
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+LAST = "last.ckpt"
+PREV = "last-prev.ckpt"
+_TMP = ".last.ckpt.tmp"
+REQUIRED_KEYS = ("state_dict", "global_step", "loops", "optimizer_states")
+
+
+# -- choosing the checkpoint to resume from ----------------------------------------------------------------------
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint the way every resume/test in this harness does: on CPU, `weights_only=True`."""
+    return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` cannot be resumed from (None when it can): unreadable, not weights-only, or incomplete."""
+    try:
+        ckpt = load_checkpoint(path)
+    except Exception as err:  # truncated zip, pickle error, unsafe global, I/O error: all mean "do not use"
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    if not isinstance(ckpt, dict):
+        return f"not a Lightning checkpoint (a {type(ckpt).__name__})"
+    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
+    return f"incomplete (missing {missing})" if missing else None
+
+
+def _best_step(path: Path) -> int:
+    match = re.search(r"(\d+)", path.stem)
+    return int(match.group(1)) if match else -1
+
+
+@dataclass
+class Resume:
+    """The checkpoint a run resumes from (`path` None: start fresh) and the files skipped on the way."""
+
+    path: str | None = None
+    step: int | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def find_resumable(ckpt_dir: Path) -> Resume:
+    """`last.ckpt`, else `last-prev.ckpt`, else the newest `best-*.ckpt` — the first that loads cleanly."""
+    ckpt_dir = Path(ckpt_dir)
+    candidates = [ckpt_dir / LAST, ckpt_dir / PREV]
+    candidates += sorted(ckpt_dir.glob("best-*.ckpt"), key=_best_step, reverse=True)
+    resume = Resume()
+    for path in candidates:
+        if not path.exists():
+            continue
+        problem = checkpoint_problem(path)
+        if problem is None:
+            resume.path = str(path)
+            resume.step = int(load_checkpoint(path).get("global_step", 0))
+            break
+        resume.skipped.append((str(path), problem))
+    for path, problem in resume.skipped:
+        rank_zero_warn(
+            f"checkpoint {path} is corrupt or unreadable ({problem}); "
+            + (f"resuming from {resume.path} (step {resume.step}) instead" if resume.path else "starting fresh")
+        )
+    return resume
+
+
+# -- last.ckpt -------------------------------------------------------------------------------------------------
+class LastCheckpoint(Checkpoint):
+    """Keep `<dirpath>/last.ckpt` (and the previous one as `last-prev.ckpt`) current; see the module docstring.
+
+    A `Checkpoint` subclass so that Lightning runs it after every other callback (its state, e.g. the best score,
+    is then final). Saves go through `trainer.save_checkpoint` on every rank (DDP: rank 0 writes, all wait).
+    """
+
+    def __init__(self, dirpath: str | Path, every_n_train_steps: int | None = None) -> None:
+        self.dirpath = Path(dirpath)
+        self.every_n_train_steps = int(every_n_train_steps or 0)
+        self.saved_step: int | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "LastCheckpoint"
+
+    def save(self, trainer: pl.Trainer) -> None:
+        tmp, last, prev = self.dirpath / _TMP, self.dirpath / LAST, self.dirpath / PREV
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(str(tmp), weights_only=False)
+        if trainer.is_global_zero:
+            if last.exists() and self.saved_step != trainer.global_step:  # same step again: keep the older prev
+                os.replace(last, prev)
+            os.replace(tmp, last)
+        self.saved_step = trainer.global_step
+
+    def _fitting(self, trainer: pl.Trainer) -> bool:
+        return trainer.state.fn == "fit" and not trainer.sanity_checking and not trainer.fast_dev_run
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        step = trainer.global_step
+        if self.every_n_train_steps and step % self.every_n_train_steps == 0 and step != self.saved_step:
+            if self._fitting(trainer):
+                self.save(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # also at a step already saved: the post-validation state carries the new best score
+        if self._fitting(trainer) and trainer.global_step > 0:
+            self.save(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._fitting(trainer) and trainer.global_step != self.saved_step:
+            self.save(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning raises SIGTERMException at a clean step boundary (after the step's validation). Other
+        # exceptions leave a state we do not trust. Multi-process: no collective save from an exception path.
+        if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and trainer.global_step > 0:
+            if trainer.global_step != self.saved_step:
+                self.save(trainer)
+                print(f"[lra-bench] stopped by a signal: saved {self.dirpath / LAST} at step {trainer.global_step}")
+
+
+# -- reliability ----------------------------------------------------------------------------------------------
+class FiniteGuard(pl.Callback):
+    """Stop when a parameter became NaN/Inf in an optimizer step, before a checkpoint callback can save it."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        with torch.no_grad():
+            flags = [torch.isfinite(p).all() for p in pl_module.parameters()]
+            finite = bool(torch.stack(flags).all()) if flags else True
+        if not finite:
+            bad = [n for n, p in pl_module.named_parameters() if not bool(torch.isfinite(p).all())]
+            raise FloatingPointError(
+                f"parameters became non-finite in the optimizer step at step {trainer.global_step} "
+                f"({', '.join(bad[:3])}{', …' if len(bad) > 3 else ''}); stopping (last good checkpoint kept). "
+                "Lower optim.lr or set optim.grad_clip_val."
+            )
+
+
+class RNGState(pl.Callback):
+    """Checkpoint the global torch/CUDA/numpy/python RNGs (weights-only loadable); restore them at train start."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Any] | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "RNGState"
+
+    def state_dict(self) -> dict[str, Any]:
+        import random
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "numpy": {
+                "kind": str(kind),
+                "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached": float(cached),
+            },
+            "python": random.getstate(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pending is None:
+            return
+        import random
+
+        state, self._pending = self._pending, None
+        torch.set_rng_state(state["torch"])
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        cuda = state.get("cuda")
+        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)  # (another GPU count: the CUDA streams start from the seed)
+
+
+# -- the requeue owner -------------------------------------------------------------------------------------------
+def _handler_name(handler: Any) -> str:
+    if handler in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return {signal.SIG_DFL: "SIG_DFL", signal.SIG_IGN: "SIG_IGN"}.get(handler, "None")  # type: ignore[arg-type]
+    parts = getattr(handler, "signal_handlers", None)  # Lightning's _HandlersCompose
+    if isinstance(parts, list):
+        return "+".join(_handler_name(h) for h in parts)
+    func = getattr(handler, "__func__", handler)
+    owner = getattr(getattr(handler, "__self__", None), "__class__", None)
+    module = getattr(owner or func, "__module__", "") or ""
+    name = getattr(func, "__qualname__", None) or type(handler).__name__
+    return f"{module.split('.')[0]}:{name}" if module else str(name)
+
+
+def describe_signal_handlers() -> dict[str, str]:
+    """Who handles USR1/USR2/TERM in this process right now (for the job log and the SLURM tests)."""
+    return {name: _handler_name(signal.getsignal(getattr(signal, name))) for name in ("SIGUSR1", "SIGUSR2", "SIGTERM")}
+
+
+def is_submitit_handler(handler: Any) -> bool:
+    owner = getattr(handler, "__self__", None)
+    return owner is not None and type(owner).__module__.startswith("submitit")
+
+
+class SubmititRequeue(Checkpoint):
+    """Under submitit, save `last.ckpt` at the next step boundary before submitit requeues (see module docstring).
+
+    Installed at train start only when submitit's USR2 handler is in place and the run is one process (in DDP,
+    submitit's handler stays as is and the periodic `last.ckpt` is the resume point). On USR2 it raises SIGTERM in
+    this process, so Lightning stops after the current step and its validation with `SIGTERMException`;
+    `LastCheckpoint.on_exception` saves; `lra_bench.train` then writes the record and calls `hand_over()`, which
+    runs submitit's own handler (launcher `checkpoint()`, `scontrol requeue`, `sys.exit`). An alarm after
+    `grace_s` hands over without the save if no step boundary comes in time. A `Checkpoint` subclass only so that
+    Lightning orders it after `LastCheckpoint`.
+    """
+
+    def __init__(self, grace_s: float = 60.0) -> None:
+        self.grace_s = grace_s
+        self._submitit_handler: Any = None
+        self._old_alarm: Any = None
+        self.pending = False
+
+    @property
+    def state_key(self) -> str:
+        return "SubmititRequeue"
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        handler = signal.getsignal(signal.SIGUSR2)
+        if "SLURM_JOB_ID" in os.environ and trainer.is_global_zero:
+            env = trainer._accelerator_connector.cluster_environment
+            owner = "submitit" if is_submitit_handler(handler) else "SLURM/sbatch (no submitit handler)"
+            print(
+                f"[lra-bench] requeue owner: {owner}; lightning cluster_environment={type(env).__name__} "
+                f"auto_requeue={getattr(env, 'auto_requeue', None)}; signal handlers: "
+                + ", ".join(f"{k}={v}" for k, v in describe_signal_handlers().items()),
+                flush=True,
+            )
+        if trainer.world_size == 1 and is_submitit_handler(handler):
+            self._submitit_handler = handler
+            signal.signal(signal.SIGUSR2, self._on_usr2)
+
+    def _on_usr2(self, signum: int, frame: Any) -> None:
+        if self.pending:
+            return
+        print(
+            f"[lra-bench] caught {signal.Signals(signum).name}: saving at the next step boundary, then requeueing",
+            flush=True,
+        )
+        self.pending = True
+        self._old_alarm = signal.signal(signal.SIGALRM, self._on_alarm)
+        signal.alarm(max(1, int(self.grace_s)))
+        signal.raise_signal(signal.SIGTERM)  # Lightning: finish this step, then raise SIGTERMException
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        print(f"[lra-bench] no step boundary within {self.grace_s:.0f}s: requeueing without a final save", flush=True)
+        self.hand_over()
+
+    def hand_over(self) -> None:
+        """Run submitit's USR2 handler now: it requeues this job and exits (SystemExit)."""
+        signal.alarm(0)
+        if self._old_alarm is not None:
+            signal.signal(signal.SIGALRM, self._old_alarm)
+            self._old_alarm = None
+        handler, self._submitit_handler, self.pending = self._submitit_handler, None, False
+        if handler is not None:
+            signal.signal(signal.SIGUSR2, handler)
+            handler(signal.SIGUSR2, None)
+
+    def _restore(self) -> None:
+        if self._submitit_handler is not None and not self.pending:
+            signal.signal(signal.SIGUSR2, self._submitit_handler)
+            self._submitit_handler = None
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.pending:  # the signal came in the last step: LastCheckpoint saved the final state already
+            self.hand_over()
+        self._restore()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore()
+
+
+# -- test-only fault injection -----------------------------------------------------------------------------------
+class FaultInjection(pl.Callback):
+    """`+fault.step_sleep_s=0.3` (slow steps, so a test can interrupt mid-run), `+fault.nan_loss_at_step=K`
+    (poison a weight before step K's forward: the module refuses the NaN loss), `+fault.nan_grad_at_step=K`
+    (NaN gradients in step K: the parameters turn NaN and `FiniteGuard` stops the run)."""
+
+    def __init__(
+        self, step_sleep_s: float = 0.0, nan_loss_at_step: int | None = None, nan_grad_at_step: int | None = None
+    ) -> None:
+        self.step_sleep_s = float(step_sleep_s or 0.0)
+        self.nan_loss_at_step = nan_loss_at_step
+        self.nan_grad_at_step = nan_grad_at_step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self.nan_loss_at_step is not None and trainer.global_step + 1 == int(self.nan_loss_at_step):
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self.nan_grad_at_step is not None and trainer.global_step + 1 == int(self.nan_grad_at_step):
+            for p in pl_module.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self.step_sleep_s:
+            time.sleep(self.step_sleep_s)
+
+
+def log_resume(resume: Resume) -> None:
+    if resume.path:
+        rank_zero_info(f"[lra-bench] resuming from {resume.path} (step {resume.step})")

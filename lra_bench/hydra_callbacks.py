@@ -1,0 +1,143 @@
+"""Hydra callbacks (registered under `hydra.callbacks` in conf/config.yaml).
+
+`LeaderboardCallback`
+* `on_job_end` (runs next to the job: on the SLURM node under submitit): when the job raised, make its
+  `results.json` say so. `train()` normally records its own failure; this catches what it cannot — a config
+  error raised before the record existed, or a record left at "running". Rank 0 only.
+* `on_multirun_end` (runs once, where the sweep was launched): build the leaderboard in the sweep dir
+  (`leaderboard.md`, CSVs, plots) from every `results.json`, and log the table to W&B when W&B is online.
+  Hydra skips `on_multirun_end` when any job failed (the sweeper re-raises the first failure), so the callback
+  also registers an exit hook at `on_multirun_start` that builds the leaderboard — failures listed — in that
+  case; the sweep still exits non-zero.
+
+Light at import (no torch): Hydra instantiates callbacks in every process it starts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+
+def _rank() -> int:
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def _select(config: DictConfig, key: str) -> Any:
+    try:
+        return OmegaConf.select(config, key, default=None)
+    except Exception:  # an interpolation that cannot resolve: leave the field empty
+        return None
+
+
+class LeaderboardCallback(Callback):
+    def __init__(self, plots: bool = True, wandb: bool = True) -> None:
+        self.plots = plots
+        self.wandb = wandb
+        self._sweep_dir: str | None = None
+        self._wandb_cfg: dict[str, Any] | None = None
+        self._pending = False
+
+    # -- per job ------------------------------------------------------------------------------------------------
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if job_return.status != JobStatus.FAILED or _rank() != 0:
+            return
+        from lra_bench import results
+
+        output_dir = Path(str(config.hydra.runtime.output_dir))
+        path = output_dir / results.FILENAME
+        error = getattr(job_return, "_return_value", None)
+        message = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+        try:
+            record = results.read_record(path) if path.exists() else None
+        except (OSError, ValueError):
+            record = None
+        if record is not None and record.get("status") != "running":
+            return  # train() recorded its own end
+        if record is None:
+            record = results.empty_record()
+            record.update(
+                task=_select(config, "task.name"),
+                attn=_select(config, "attn.name"),
+                protocol=_select(config, "protocol.name"),
+                seed=_select(config, "seed"),
+                selector=_select(config, "selector.name"),
+                num_landmarks=_select(config, "attn.num_landmarks"),
+            )
+            record["run"].update(name=output_dir.name, output_dir=str(output_dir.resolve()))
+        record["status"], record["error"] = "failed", message
+        record["run"]["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        results.write_atomic(path, record)
+
+    # -- per sweep ----------------------------------------------------------------------------------------------
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._sweep_dir = str(config.hydra.sweep.dir)
+        wandb_cfg = _select(config, "logger.wandb")
+        self._wandb_cfg = OmegaConf.to_container(wandb_cfg, resolve=True) if wandb_cfg is not None else None  # type: ignore[assignment]
+        self._pending = True
+        atexit.register(self._at_exit)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._pending = False
+        self.build()
+
+    def _at_exit(self) -> None:
+        if self._pending:  # the sweep ended early, normally because a job failed
+            self._pending = False
+            self.build()
+
+    def build(self) -> dict[str, Any] | None:
+        """Build the leaderboard in the sweep dir; never raises (a sweep's results matter more than its table)."""
+        if not self._sweep_dir or not Path(self._sweep_dir).is_dir():
+            return None
+        try:
+            from lra_bench.leaderboard import build_leaderboard
+
+            table = build_leaderboard([self._sweep_dir], out_dir=self._sweep_dir, plots=self.plots)
+        except Exception as err:
+            print(f"[lra-bench] leaderboard for {self._sweep_dir} failed: {type(err).__name__}: {err}", file=sys.stderr)
+            return None
+        print(
+            f"[lra-bench] leaderboard: {table['markdown']} ({table['n_files']} results, "
+            f"{len(table['failures'])} failed or unfinished)"
+        )
+        if self.wandb:
+            self._log_wandb(table)
+        return table
+
+    def _log_wandb(self, table: dict[str, Any]) -> None:
+        w = self._wandb_cfg or {}
+        mode = os.environ.get("WANDB_MODE", w.get("mode") or "disabled")
+        if not w.get("enabled") or mode != "online":
+            return
+        try:
+            import wandb
+
+            from lra_bench.leaderboard import log_to_wandb
+
+            run = wandb.init(
+                project=w.get("project"),
+                entity=w.get("entity"),
+                group=w.get("group"),
+                job_type="leaderboard",
+                name=f"leaderboard-{Path(str(self._sweep_dir)).name}",
+                dir=str(self._sweep_dir),
+                mode="online",
+            )
+            try:
+                log_to_wandb(table)
+            finally:
+                run.finish()
+        except Exception as err:  # no network, no key: the files are written already
+            print(f"[lra-bench] could not log the leaderboard to W&B: {type(err).__name__}: {err}", file=sys.stderr)

@@ -1,0 +1,64 @@
+"""DDP: `trainer=ddp_cpu` (2 processes, gloo) trains end to end and writes one result record, from rank 0.
+
+`ddp_cpu` uses Lightning's `ddp` script launcher: rank 1 is `python run.py <same args> hydra.run.dir=<run dir>`,
+so both ranks run the whole job in the same dir (checked below). `ddp_spawn` was rejected: its main process never
+sees global_step, the best score or the step timings (the record came out with train_steps=0, val_acc=None).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lra_bench import results
+from lra_bench.validate import ConfigError
+from tests.conftest import REPO, TINY_LISTOPS, compose
+
+
+def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from lra_bench.train import check_launch
+
+    cfg = compose(["trainer=ddp_cpu", "hydra.mode=MULTIRUN"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        with pytest.raises(ConfigError, match="re-run the whole sweep"):
+            check_launch(cfg)
+        check_launch(compose(["trainer=ddp_cpu", "trainer.strategy=ddp_spawn"]))  # fine
+        check_launch(compose(["trainer=cpu"]))  # one device: fine
+    finally:
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]
+    check_launch(compose(["trainer=ddp_cpu"]))  # a single run (no Hydra multirun): fine
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ddp_cpu_trains_and_writes_one_record(tmp_path: Path) -> None:
+    args = [a for a in TINY_LISTOPS if a != "logger=csv"] + ["logger=default", "attn=nystrom", "trainer=ddp_cpu"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir"), "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "run.py"), f"output_root={tmp_path / 'outputs'}",
+         f"data_dir={tmp_path / 'data'}", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=800, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    records = list((tmp_path / "outputs").rglob(results.FILENAME))
+    assert len(records) == 1, records  # rank 1 landed in the same run dir
+    out = records[0].parent
+    assert (out / "train_ddp_process_1.log").exists(), sorted(p.name for p in out.iterdir())  # rank 1's Hydra log
+    assert not list(out.glob(".pl_hydra*")) and len(list(out.rglob("config.yaml"))) == 1  # one .hydra/, rank 0's
+    record = results.read_record(records[0])
+    assert record["status"] == "completed", record["error"]
+    m = record["metrics"]
+    assert m["train_steps"] == 4 and m["val_acc"] is not None and m["test_acc"] is not None
+    assert m["step_time_median_s"] is not None
+    assert record["config"]["trainer"]["strategy"] == "ddp" and record["config"]["trainer"]["devices"] == 2
+    assert (out / "wandb_id.txt").read_text().strip() == record["run"]["wandb_id"]
+    assert len(list(out.rglob("offline-run-*"))) == 1  # W&B from rank 0 only
+    assert proc.stdout.count("result record:") == 1  # one summary
