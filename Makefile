@@ -44,6 +44,29 @@ format: $(STAMP)  ## ruff format + import sort
 data: $(STAMP)  ## check/prepare a task's data: make data TASK=listops
 	$(PY) -m tasks.prepare task=$(or $(TASK),listops)
 
+# --- attention benchmark, approximation study, docs/results.md ------------------------------------------------
+BENCH_ARGS  ?=
+APPROX_ARGS ?=
+RESULTS_DIR ?= outputs/results
+# The CPU report's settings (docs/results.md says why): B=2 and one torch thread — the 2 cores are shared, and
+# two OpenMP threads on a loaded machine stall each other (SVD 25× slower, timings erratic).
+BENCH_REPORT  ?= batch_size=2 threads=1 warmup=1 repeats=7 min_repeats=3 max_time_s=20 profile.steps=1
+APPROX_REPORT ?= threads=1
+# A trained checkpoint for the approx study's `trained` source: default = the newest last.ckpt under outputs/.
+APPROX_CKPT ?= $(shell ls -t outputs/*/*/*/checkpoints/last.ckpt 2>/dev/null | head -1)
+
+bench: $(STAMP)  ## attention speed/memory sweep → outputs/bench/<time>/ (BENCH_ARGS='key=value …')
+	$(PY) -m lra_bench.bench $(BENCH_ARGS)
+
+approx: $(STAMP)  ## approximation study → outputs/approx/<time>/ (APPROX_ARGS='ckpt=<run>/checkpoints/last.ckpt …')
+	$(PY) -m lra_bench.approx $(APPROX_ARGS)
+
+results: $(STAMP)  ## rerun the CPU bench + approx study (~10-25 min on 2 shared cores), regenerate docs/results.md
+	$(PY) -m lra_bench.bench $(BENCH_REPORT) $(BENCH_ARGS) hydra.run.dir=$(RESULTS_DIR)/bench
+	$(PY) -m lra_bench.approx $(APPROX_REPORT) $(if $(APPROX_CKPT),ckpt=$(APPROX_CKPT) model.data_dir=$(RESULTS_DIR)/data) \
+		$(APPROX_ARGS) hydra.run.dir=$(RESULTS_DIR)/approx
+	$(PY) -m lra_bench.results_doc --bench $(RESULTS_DIR)/bench --approx $(RESULTS_DIR)/approx --out docs/results.md
+
 clean:  ## remove the venv, caches and run outputs
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,119 @@
+"""`python -m lra_bench.approx` — the Hydra app around the approximation study (config: conf/approx.yaml)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("lra_bench.approx")
+
+
+def compose_main(overrides: list[str]) -> DictConfig:
+    """conf/config.yaml composed with `overrides` (the training config a random model is built from)."""
+    from hydra import compose
+
+    from lra_bench.hydra_setup import setup
+
+    setup()
+    return compose(config_name="config", overrides=overrides)
+
+
+def command_line() -> str:
+    return " ".join(["python -m lra_bench.approx", *HydraConfig.get().overrides.task])
+
+
+def collect_instances(cfg: DictConfig, settings: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    from lra_bench.approx.capture import Instance, model_instances
+    from lra_bench.approx.synthetic import generate
+
+    instances: list[Instance] = []
+    sources: dict[str, Any] = {}
+    for name, spec in (settings.get("sources") or {}).items():
+        for seed in settings["seeds"]:
+            q, k, v = generate(name, spec, int(cfg.n), int(cfg.d), int(seed))
+            instances.append(Instance(source=name, name=f"seed{seed}", q=q, k=k, v=v, seed=int(seed)))
+        sources[name] = {"synthetic": dict(spec), "n": int(cfg.n), "d": int(cfg.d), "instances": len(settings["seeds"])}
+    if cfg.model.enabled or cfg.ckpt:
+        try:
+            found, info = model_instances(cfg.ckpt, settings["model"], compose_main, int(settings["seeds"][0]))
+            for name, items in found.items():
+                instances.extend(items)
+                sources[name] = {**info[name], "instances": len(items)}
+        except Exception as err:  # a missing checkpoint or dataset must not sink the synthetic study
+            log.warning("model sources skipped: %s: %s", type(err).__name__, err)
+            sources["model (skipped)"] = {"error": f"{type(err).__name__}: {err}"}
+    return instances, sources
+
+
+def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    from lra_bench.approx.report import plot, render_markdown
+    from lra_bench.approx.study import build_methods, describe_input, evaluate
+    from lra_bench.approx.summary import summarize
+    from lra_bench.envinfo import environment
+    from lra_bench.results import write_atomic
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    settings = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    assert isinstance(settings, dict)
+    methods = build_methods(settings, {"seed": int(settings["seeds"][0])})
+    ms = [int(m) for m in settings["landmarks"]]
+    instances, sources = collect_instances(cfg, settings)
+    log.info("%d methods × %d landmark counts on %d instances", len(methods), len(ms), len(instances))
+    rows: list[dict[str, Any]] = []
+    inputs: list[dict[str, Any]] = []
+    for i, inst in enumerate(instances):
+        t0 = time.perf_counter()
+        info, exact = describe_input(inst, ms, float(cfg.rank_tol), bool(cfg.kernel_ranks))
+        inputs.append(info)
+        seeds = [inst.seed] if inst.seed is not None else [int(s) for s in settings["seeds"]]
+        rows += evaluate(inst, methods, ms, seeds, exact)
+        log.info(
+            "[%d/%d] %s/%s n=%d (%.1f s)",
+            i + 1,
+            len(instances),
+            inst.source,
+            inst.name,
+            info["n"],
+            time.perf_counter() - t0,
+        )
+    data: dict[str, Any] = {
+        "schema_version": 1,
+        "app": "lra_bench.approx",
+        "command": command_line(),
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "output_dir": str(output_dir),
+        "threads": torch.get_num_threads(),
+        "env": environment(),
+        "settings": settings,
+        "sources": sources,
+        "methods": [m.__dict__ for m in methods],
+        "inputs": inputs,
+        "rows": rows,
+    }
+    data["summary"] = summarize(rows, inputs, settings["claims"])
+    data["seconds"] = time.perf_counter() - started
+    data["plots"] = plot(data, output_dir) if cfg.plots else []
+    write_atomic(output_dir / "approx.json", data)
+    (output_dir / "approx.md").write_text(render_markdown(data, h="#"))
+    log.info("wrote %s", output_dir / "approx.md")
+    return data
+
+
+@hydra.main(config_path="../../conf", config_name="approx", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Attention inputs captured from a model: q, k, v of every attention layer and head, on real sequences.
+
+* `trained`: a checkpoint `<run>/checkpoints/*.ckpt` — the model is rebuilt from the run's own
+  `<run>/.hydra/config.yaml` (`lra_bench.train.build_datamodule` / `build_model`, the same code that trained
+  it), its weights loaded, and run in eval mode on the first validation sequences of its task.
+* `random_model`: the same architecture freshly initialised (seeded) — from the checkpoint's run config when
+  one is given (so trained and random differ only in the weights, on the same sequences), otherwise from
+  `conf/config.yaml` composed with `model_overrides`, fed seeded random token ids (no dataset needed).
+
+A forward pre-hook on every `Attention` module records its (q, k, v, mask) — exactly what the operator sees,
+after the block's projections — and each (sequence, layer, head) becomes one instance, cut to its real tokens
+(at most `max_len`). Which attention the model was trained with does not matter: the study compares every
+selector against exact softmax on these q, k.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass
+class Instance:
+    """One attention problem: q, k, v `[n, d]` (fp64) and where it came from."""
+
+    source: str
+    name: str
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    seed: int | None = None  # synthetic instances are tied to one seed
+
+
+def run_config(ckpt: Path) -> DictConfig:
+    """The training run's config (`<run>/.hydra/config.yaml`, two levels above the checkpoint)."""
+    path = ckpt.resolve().parent.parent / ".hydra" / "config.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"approx.ckpt={ckpt}: expected the run config at {path}")
+    cfg = OmegaConf.load(path)
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
+def run_metrics(ckpt: Path) -> dict[str, Any]:
+    """The training run's validation accuracy and majority-class share (its results.json), when recorded."""
+    path = ckpt.resolve().parent.parent / "results.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {
+        "run_val_acc": (record.get("metrics") or {}).get("val_acc"),
+        "run_majority_share": (record.get("data") or {}).get("majority_share"),
+        "run_status": record.get("status"),
+    }
+
+
+def load_weights(model: torch.nn.Module, ckpt: Path) -> int:
+    """Load a Lightning checkpoint's `model.*` weights; returns its global step."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(weights, strict=True)
+    return int(state.get("global_step", 0))
+
+
+def capture(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[list[tuple]]:
+    """(q, k, v, mask) of every Attention call, grouped by layer (module order)."""
+    from models.attention.base import Attention
+
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    seen: list[list[tuple]] = [[] for _ in layers]
+
+    def hook(index: int):
+        def fn(module, args):
+            q, k, v, mask = args[:4]
+            seen[index].append((q.detach(), k.detach(), v.detach(), None if mask is None else mask.detach()))
+
+        return fn
+
+    handles = [layer.register_forward_pre_hook(hook(i)) for i, layer in enumerate(layers)]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def instances_from(source: str, seen: list[list[tuple]], max_len: int, min_len: int) -> list[Instance]:
+    out = []
+    for layer, calls in enumerate(seen):
+        for call, (q, k, v, mask) in enumerate(calls):
+            for b in range(q.shape[0]):
+                real = torch.arange(q.shape[2]) if mask is None else mask[b].nonzero().flatten()
+                real = real[:max_len]
+                if real.numel() < min_len:
+                    continue
+                for h in range(q.shape[1]):
+                    tag = f"seq{b}" + (f"/tower{call}" if len(calls) > 1 else "")
+                    out.append(
+                        Instance(
+                            source=source,
+                            name=f"{tag}/layer{layer}/head{h}",
+                            q=q[b, h, real].double(),
+                            k=k[b, h, real].double(),
+                            v=v[b, h, real].double(),
+                        )
+                    )
+    return out
+
+
+def longest(batch: dict[str, torch.Tensor] | None, count: int) -> dict[str, torch.Tensor] | None:
+    """The `count` sequences of `batch` with the most real tokens (ties: earliest), in their original order."""
+    if batch is None:
+        return None
+    lengths = batch["mask"].sum(-1) if "mask" in batch else torch.full((batch["input_ids"].shape[0],), 0)
+    keep = torch.argsort(-lengths, stable=True)[:count].sort().values
+    return {key: value[keep] for key, value in batch.items()}
+
+
+def model_instances(
+    ckpt: str | None, settings: dict[str, Any], compose_main: Any, seed: int
+) -> tuple[dict[str, list[Instance]], dict[str, Any]]:
+    """Instances for `trained` (when a checkpoint is given) and `random_model`, plus provenance notes."""
+    from lra_bench.train import build_datamodule, build_model
+
+    sequences, max_len, min_len = int(settings["sequences"]), int(settings["max_len"]), int(settings["min_len"])
+    out: dict[str, list[Instance]] = {}
+    info: dict[str, Any] = {}
+    if ckpt:
+        from lra_bench.diagnostics_callback import build_probe
+
+        path = Path(ckpt).expanduser()
+        cfg = run_config(path)
+        if settings.get("data_dir"):  # read (or regenerate) the task's data here, not in the run's data_dir
+            cfg.data_dir = str(settings["data_dir"])
+        dm = build_datamodule(cfg)
+        dm.prepare_data()
+        dm.setup()
+        batch = longest(build_probe(dm, max(sequences, int(settings.get("scan", sequences))), max_len), sequences)
+        if batch is None:
+            raise RuntimeError(f"approx.ckpt={ckpt}: the run's task has no validation sequences")
+        model = build_model(cfg, dm)
+        step = load_weights(model, path)
+        out["trained"] = instances_from("trained", capture(model, batch), max_len, min_len)
+        info["trained"] = {
+            "ckpt": str(path),
+            "global_step": step,
+            **run_metrics(path),
+            "task": str(cfg.task.name),
+            "attn": str(cfg.attn.name),
+            "sequences": int(batch["input_ids"].shape[0]),
+            "data": f"the {sequences} longest of the first {settings.get('scan', sequences)} validation sequences",
+        }
+        torch.manual_seed(seed)
+        fresh = build_model(cfg, dm)
+        out["random_model"] = instances_from("random_model", capture(fresh, batch), max_len, min_len)
+        info["random_model"] = {
+            **{k: v for k, v in info["trained"].items() if not k.startswith("run_")},
+            "ckpt": None,
+            "global_step": 0,
+            "init_seed": seed,
+        }
+        return out, info
+    cfg = compose_main(list(settings.get("model_overrides") or []))
+    task = cfg.task
+    fake_dm = SimpleNamespace(
+        vocab_size=int(task.vocab_size),
+        seq_len=int(task.seq_len),
+        num_classes=int(task.num_classes),
+        dual=bool(task.dual),
+    )
+    torch.manual_seed(seed)
+    model = build_model(cfg, fake_dm)
+    n = min(max_len, int(task.seq_len))
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, int(task.vocab_size), (sequences, n), generator=gen)
+    batch = {"input_ids": ids, "mask": torch.ones(sequences, n, dtype=torch.bool)}
+    if fake_dm.dual:
+        batch.update(input_ids_2=ids.flip(0), mask_2=batch["mask"])
+    out["random_model"] = instances_from("random_model", capture(model, batch), max_len, min_len)
+    info["random_model"] = {
+        "ckpt": None,
+        "task": str(task.name),
+        "attn": str(cfg.attn.name),
+        "sequences": sequences,
+        "data": "seeded random token ids (no checkpoint given)",
+        "init_seed": seed,
+        "overrides": list(settings.get("model_overrides") or []),
+    }
+    return out, info

@@ -1,0 +1,463 @@
+"""From the sweep's rows to numbers that answer questions: speed-ups against `full`, GPA/Nyström at equal m,
+log-log slopes, achieved rate, target verdicts; then `bench.md` and the PNG plots.
+
+Everything here is a pure function of the rows (and the run's settings), so `docs/results.md` is rendered
+from `bench.json` by the same code — numbers are never typed by hand.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from lra_bench.bench.stats import loglog_slope
+
+MODES = ("forward", "forward_backward")
+MODE_TITLE = {"forward": "forward (inference, no grad)", "forward_backward": "forward + backward (training)"}
+
+
+def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def _labels(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["label"] for r in rows))
+
+
+def _index(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    return {(r["label"], r["mode"], r["n"]): r for r in rows}
+
+
+def in_scope(row: dict[str, Any], scope: str = "landmark") -> bool:
+    """The methods the targets are about: `landmark` = registry attentions swept over m (a landmark count);
+    `efficient` = every registry attention other than exact `full`."""
+    if row.get("kind") != "attention" or row.get("attn") == "full":
+        return False
+    return scope == "efficient" or row.get("m") is not None
+
+
+def speedups(rows: list[dict[str, Any]], baseline: str = "full") -> list[dict[str, Any]]:
+    """t(baseline)/t(method) at each (mode, n) where both ran."""
+    ok = _ok(rows)
+    base = {(r["mode"], r["n"]): r["time_median_s"] for r in ok if r["label"] == baseline}
+    out = []
+    for r in ok:
+        if r["label"] == baseline or (r["mode"], r["n"]) not in base:
+            continue
+        out.append(
+            {
+                "label": r["label"],
+                "mode": r["mode"],
+                "n": r["n"],
+                "speedup": base[(r["mode"], r["n"])] / r["time_median_s"],
+            }
+        )
+    return out
+
+
+def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str, Any]]:
+    """t(num)/t(den), each with its own default selector, at equal m, per (mode, n)."""
+    ok = [r for r in _ok(rows) if r.get("default_selector", True)]
+    den_t = {(r["mode"], r["n"], str(r["m"])): (r["time_median_s"], r["label"]) for r in ok if r["attn"] == den}
+    out = []
+    for r in ok:
+        key = (r["mode"], r["n"], str(r["m"]))
+        if r["attn"] != num or key not in den_t:
+            continue
+        t_den, den_label = den_t[key]
+        out.append(
+            {
+                "num": r["label"],
+                "den": den_label,
+                "mode": r["mode"],
+                "n": r["n"],
+                "m": r["m"],
+                "ratio": r["time_median_s"] / t_den,
+            }
+        )
+    return out
+
+
+def slopes(rows: list[dict[str, Any]], lo: int, hi: int, scope: str = "landmark") -> list[dict[str, Any]]:
+    """Log-log slope of time and of peak memory against n over lo ≤ n ≤ hi, per (label, mode)."""
+    ok = _ok(rows)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in ok:
+        groups[(r["label"], r["mode"])].append(r)
+    out = []
+    for (label, mode), rs in groups.items():
+        ns = [r["n"] for r in rs]
+        inside = [n for n in ns if lo <= n <= hi]
+        out.append(
+            {
+                "label": label,
+                "mode": mode,
+                "n_min": min(inside) if inside else None,
+                "n_max": max(inside) if inside else None,
+                "points": len(inside),
+                "time_slope": loglog_slope(ns, [r["time_median_s"] for r in rs], lo, hi),
+                "memory_slope": loglog_slope(ns, [r["peak_mem_bytes"] for r in rs], lo, hi),
+                "in_scope": in_scope(rs[0], scope),
+            }
+        )
+    return out
+
+
+def targets(rows: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the issue as {target, threshold, verdict (met/missed/not measured), detail}."""
+    mode = spec.get("mode", "forward_backward")
+    scope = spec.get("scope", "landmark")
+    out = []
+    labels_eff = [lab for lab in _labels(rows) if any(in_scope(r, scope) for r in rows if r["label"] == lab)]
+    sp = {(s["label"], s["n"]): s["speedup"] for s in speedups(rows) if s["mode"] == mode}
+    for n, need in sorted((int(k), float(v)) for k, v in (spec.get("speedup") or {}).items()):
+        got = {lab: sp.get((lab, n)) for lab in labels_eff}
+        out.append(
+            _verdict(f"speed-up vs full at n={n} ({mode})", f"≥ {need:g}×", got, lambda x, t=need: x >= t, "{:.1f}×")
+        )
+    ratio = spec.get("ratio") or {}
+    if ratio:
+        num, den = ratio["pair"]
+        rs = [r for r in pair_ratios(rows, num, den) if r["mode"] == mode]
+        got = {f"{r['num']} n={r['n']}": r["ratio"] for r in rs}
+        need = float(ratio["max"])
+        out.append(
+            _verdict(f"{num}/{den} time at equal m ({mode})", f"≤ {need:g}×", got, lambda x: x <= need, "{:.2f}×")
+        )
+    if spec.get("slope_max") is not None:
+        lo, hi = (int(x) for x in spec.get("slope_range", [1024, 16384]))
+        need = float(spec["slope_max"])
+        sl = [s for s in slopes(rows, lo, hi, scope) if s["mode"] == mode and s["in_scope"]]
+        for key, name in (("time_slope", "time"), ("memory_slope", "memory")):
+            got = {s["label"]: s[key] for s in sl if s["points"] >= 2 and s["n_max"] == hi and s["n_min"] == lo}
+            for s in sl:
+                got.setdefault(s["label"], None)
+            out.append(
+                _verdict(
+                    f"{name} slope on log-log, n={lo}…{hi} ({mode})", f"≤ {need:g}", got, lambda x: x <= need, "{:.2f}"
+                )
+            )
+    if spec.get("rate_min") is not None:
+        n = int(spec.get("rate_n", 16384))
+        need = float(spec["rate_min"])
+        got = {
+            lab: next(
+                (r.get("rate_fraction") for r in _ok(rows) if r["label"] == lab and r["n"] == n and r["mode"] == mode),
+                None,
+            )
+            for lab in labels_eff
+        }
+        out.append(
+            _verdict(
+                f"achieved rate / matmul rate at n={n} ({mode})", f"≥ {need:.0%}", got, lambda x: x >= need, "{:.1%}"
+            )
+        )
+    return out
+
+
+def _verdict(name: str, threshold: str, got: dict[str, float | None], passes: Any, fmt: str) -> dict[str, Any]:
+    measured = {k: v for k, v in got.items() if v is not None}
+    missing = sorted(k for k, v in got.items() if v is None)
+    failing = sorted(k for k, v in measured.items() if not passes(v))
+    if not measured:
+        verdict = "not measured"
+    elif failing:
+        verdict = "missed"
+    else:
+        verdict = "met" if not missing else "met where measured"
+    detail = []
+    if failing:
+        detail.append("missed by " + ", ".join(f"{k} ({fmt.format(measured[k])})" for k in failing))
+    passing = sorted(k for k in measured if k not in failing)
+    if passing:
+        detail.append("met by " + ", ".join(f"{k} ({fmt.format(measured[k])})" for k in passing))
+    if missing:
+        detail.append("not measured: " + ", ".join(missing))
+    return {
+        "target": name,
+        "threshold": threshold,
+        "verdict": verdict,
+        "values": measured,
+        "failing": failing,
+        "missing": missing,
+        "detail": "; ".join(detail),
+    }
+
+
+def summarize_bench(rows: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+    lo, hi = (int(x) for x in settings["targets"].get("slope_range", [1024, 16384]))
+    num, den = settings["targets"].get("ratio", {}).get("pair", ["gpa", "nystrom"])
+    return {
+        "speedups": speedups(rows),
+        "pair_ratios": pair_ratios(rows, num, den),
+        "slopes": slopes(rows, lo, hi, settings["targets"].get("scope", "landmark")),
+        "targets": targets(rows, settings["targets"]),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------- markdown
+
+
+def _fmt_ms(s: float | None) -> str:
+    if s is None:
+        return "—"
+    ms = s * 1e3
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return lines
+
+
+def _cell_status(r: dict[str, Any] | None) -> str | None:
+    if r is None:
+        return "—"
+    if r.get("status") == "skipped":
+        return "skip"
+    if r.get("status") in ("error", "timeout"):
+        return r["status"]
+    return None
+
+
+def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> str:
+    rows, summ, s = data["rows"], data["summary"], data["settings"]
+    env, mm = data["env"], data["matmul"]
+    idx = _index(rows)
+    ns = sorted({r["n"] for r in rows})
+    labels = _labels(rows)
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    hw = env.get("hardware", {})
+    out: list[str] = []
+    out.append(f"{h} Attention benchmark (`python -m lra_bench.bench`)")
+    out.append("")
+    out.append(f"- command: `{data['command']}`")
+    torch_version = env.get("packages", {}).get("torch")
+    out.append(f"- git commit: `{env.get('git_commit')}`; torch {torch_version}; started {data['started_at']}")
+    out.append(
+        f"- hardware: {hw.get('cpu')} ({hw.get('cpu_count')} logical CPUs, {hw.get('memory_gib')} GiB RAM); "
+        f"GPUs: {', '.join(hw.get('gpus') or []) or 'none'}; device `{data['device']}`; torch threads {data['threads']}"
+    )
+    out.append(
+        f"- shape: B={s['batch_size']}, H={s['num_heads']}, d={s['head_dim']}, dtype {s['dtype']}, padding mask "
+        f"{'on' if s['mask'] else 'off'}; n ∈ {ns}; warm-up {s['warmup']} (≤ {s['max_warmup_s']} s), repeats "
+        f"{s['min_repeats']}–{s['repeats']} (stop after {s['max_time_s']} s of timed calls); "
+        f"{'each configuration in its own process' if s['isolate'] else 'all configurations in one process'}"
+    )
+    rate = mm["start"]["flops_per_s"]
+    end = (mm.get("end") or {}).get("flops_per_s")
+    out.append(
+        f"- matmul yardstick: fp32 {mm['start']['size']}² matmul, {rate / 1e9:.1f} GFLOP/s at the start"
+        + (f", {end / 1e9:.1f} GFLOP/s at the end" if end else "")
+        + " (median); achieved rates below are fractions of the larger of the two (the machine least disturbed by "
+        "other processes)"
+    )
+    out.append(f"- memory: {data['memory_note']}; budget {data['budget_note']}")
+    out.append(
+        "- FLOPs: counted per method by `lra_bench.bench.costs` (matmuls 2/MAC, elementwise work not counted); "
+        "`FlopCounter / hand` = torch FlopCounterMode on the real code over the hand count (> 1: the code does "
+        "more matmul work than the algorithm needs, e.g. one-hot matmuls for cluster means; FlopCounterMode does "
+        "not see fused CPU SDPA kernels)"
+    )
+    out.append("")
+    out.append(f"{h}# Targets (computed; mode {s['targets'].get('mode')})")
+    out.append("")
+    out += _table(
+        ["target", "threshold", "verdict", "detail"],
+        [[t["target"], t["threshold"], f"**{t['verdict']}**", t["detail"]] for t in summ["targets"]],
+    )
+    for mode in modes:
+        out.append("")
+        out.append(f"{h}# {MODE_TITLE[mode]}")
+        out.append("")
+        out.append("Median time in ms (interquartile range in brackets); `skip` = over the memory budget, see below.")
+        out.append("")
+        body = []
+        for lab in labels:
+            cells = []
+            for n in ns:
+                r = idx.get((lab, mode, n))
+                st = _cell_status(r)
+                cells.append(st if st else f"{_fmt_ms(r['time_median_s'])} ({_fmt_ms(r['time_iqr_s'])})")
+            body.append([f"`{lab}`", *cells])
+        out += _table(["method", *[f"n={n}" for n in ns]], body)
+        out.append("")
+        out.append("Peak memory in MiB (beyond the inputs; see the memory note above).")
+        out.append("")
+        body = []
+        for lab in labels:
+            cells = []
+            for n in ns:
+                r = idx.get((lab, mode, n))
+                st = _cell_status(r)
+                cells.append(st if st else f"{r['peak_mem_bytes'] / 2**20:.1f}")
+            body.append([f"`{lab}`", *cells])
+        out += _table(["method", *[f"n={n}" for n in ns]], body)
+        sp = {(x["label"], x["n"]): x["speedup"] for x in summ["speedups"] if x["mode"] == mode}
+        if sp:
+            out.append("")
+            out.append("Speed-up against `full` (t_full / t_method).")
+            out.append("")
+            body = [
+                [f"`{lab}`", *[f"{sp[(lab, n)]:.1f}×" if (lab, n) in sp else "—" for n in ns]]
+                for lab in labels
+                if lab != "full"
+            ]
+            out += _table(["method", *[f"n={n}" for n in ns]], body)
+        pr = [x for x in summ["pair_ratios"] if x["mode"] == mode]
+        if pr:
+            num, den = s["targets"]["ratio"]["pair"]
+            out.append("")
+            out.append(f"Time ratio `{num}` / `{den}` at equal m (each with its own default selector).")
+            out.append("")
+            by = defaultdict(dict)
+            for x in pr:
+                by[f"`{x['num']}` / `{x['den']}`"][x["n"]] = x["ratio"]
+            out += _table(
+                ["pair", *[f"n={n}" for n in ns]],
+                [[k, *[f"{v[n]:.2f}" if n in v else "—" for n in ns]] for k, v in by.items()],
+            )
+        sl = [x for x in summ["slopes"] if x["mode"] == mode]
+        out.append("")
+        out.append(
+            f"Log-log slopes of time and memory against n (least squares over the measured n in "
+            f"{s['targets'].get('slope_range')}), and the achieved rate at the largest n measured."
+        )
+        out.append("")
+        body = []
+        for x in sl:
+            mine = [r for r in _ok(rows) if r["label"] == x["label"] and r["mode"] == mode]
+            big = max(mine, key=lambda r: r["n"])
+            frac = big.get("rate_fraction")
+            fl = big.get("flops")
+            counted = [r for r in mine if r.get("flops_counted") and r.get("flops")]
+            check = "—"
+            if counted:
+                c = max(counted, key=lambda r: r["n"])
+                check = f"{c['flops_counted'] / c['flops']:.2f} (n={c['n']})"
+            body.append(
+                [
+                    f"`{x['label']}`",
+                    "—" if x["time_slope"] is None else f"{x['time_slope']:.2f}",
+                    "—" if x["memory_slope"] is None else f"{x['memory_slope']:.2f}",
+                    f"{x['n_min']}…{x['n_max']}" if x["n_min"] else "—",
+                    str(big["n"]),
+                    "unknown" if fl is None else f"{fl / 1e9:.3g}",
+                    check,
+                    "—" if frac is None else f"{frac:.1%}",
+                ]
+            )
+        out += _table(
+            [
+                "method",
+                "time slope",
+                "memory slope",
+                "fit range",
+                "n",
+                "GFLOP (hand count)",
+                "FlopCounter / hand",
+                "rate / matmul",
+            ],
+            body,
+        )
+        for metric in ("time", "memory"):
+            name = f"{metric}_{mode}.png"
+            if name in data.get("plots", []):
+                out.append("")
+                out.append(f"![{metric} {mode}]({img_dir}/{name})")
+    profiles = data.get("profiles") or []
+    if profiles:
+        out.append("")
+        out.append(f"{h}# Where the time goes (torch.profiler, top operators by self time)")
+        for p in profiles:
+            out.append("")
+            if p.get("error"):
+                out.append(f"`{p['label']}` at n={p['n']}: profiling failed — {p['error']}")
+                continue
+            out.append(
+                f"`{p['label']}` at n={p['n']}, {p['mode']}: "
+                f"{p['total_ms_per_call']:.1f} ms of operator self time per call"
+            )
+            out.append("")
+            out += _table(
+                ["operator", "self ms / call", "share", "calls / call"],
+                [
+                    [f"`{r['op']}`", f"{r['self_ms_per_call']:.2f}", f"{r['share']:.0%}", f"{r['calls_per_step']:.0f}"]
+                    for r in p["top"]
+                ],
+            )
+    la, lb = data.get("load_average_start"), data.get("load_average_end")
+    if la:
+        out.append("")
+        out.append(
+            f"Machine load average (1/5/15 min) at the start: {', '.join(f'{x:.1f}' for x in la)}"
+            + (f"; at the end: {', '.join(f'{x:.1f}' for x in lb)}" if lb else "")
+            + f" — on {hw.get('cpu_count')} logical CPUs; other processes share them, which is why IQRs are reported."
+        )
+    bad = [r for r in rows if r.get("status") != "ok"]
+    out.append("")
+    out.append(f"{h}# Skipped and failed configurations")
+    out.append("")
+    if not bad:
+        out.append("None.")
+    else:
+        out += _table(
+            ["method", "n", "mode", "status", "why"],
+            [
+                [f"`{r['label']}`", str(r["n"]), r["mode"], r["status"], str(r.get("note") or r.get("error") or "")]
+                for r in bad
+            ],
+        )
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------- plots
+
+
+def plot(rows: list[dict[str, Any]], out_dir: Path, slope_range: tuple[int, int]) -> list[str]:
+    """time_<mode>.png and memory_<mode>.png: log-log against n, one panel per landmark count m (methods
+    without m — full, references, … — drawn dashed in every panel); legend entries carry the fitted slope."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = _ok(rows)
+    lo, hi = slope_range
+    written = []
+    ms = list(dict.fromkeys(str(r["m"]) for r in ok if r["m"] is not None)) or ["None"]
+    for mode in MODES:
+        mrows = [r for r in ok if r["mode"] == mode]
+        if not mrows:
+            continue
+        for metric, key, scale, unit in (
+            ("time", "time_median_s", 1e3, "ms"),
+            ("memory", "peak_mem_bytes", 2**-20, "MiB"),
+        ):
+            fig, axes = plt.subplots(1, len(ms), figsize=(6.5 * len(ms), 5), squeeze=False)
+            for ax, m in zip(axes[0], ms):
+                for lab in _labels(mrows):
+                    rs = sorted((r for r in mrows if r["label"] == lab), key=lambda r: r["n"])
+                    rm = str(rs[0]["m"]) if rs[0]["m"] is not None else None
+                    if rm is not None and rm != m:
+                        continue
+                    xs = [r["n"] for r in rs]
+                    ys = [max(r[key] * scale, 1e-6) for r in rs]
+                    sl = loglog_slope(xs, ys, lo, hi)
+                    txt = f"{lab}" + (f" (slope {sl:.2f})" if sl is not None else "")
+                    ax.plot(xs, ys, "--" if rm is None else "-", marker="o", ms=3, label=txt)
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel("sequence length n")
+                ax.set_ylabel(f"{metric} ({unit})")
+                ax.set_title(f"{metric}, {mode}, m={m}")
+                ax.grid(True, which="both", alpha=0.3)
+                ax.legend(fontsize=7)
+            fig.tight_layout()
+            name = f"{metric}_{mode}.png"
+            fig.savefig(out_dir / name, dpi=110)
+            plt.close(fig)
+            written.append(name)
+    return written
