@@ -38,6 +38,7 @@ from tasks.layout import DataSourceError, candidates, find_release_path
 from tasks.registry import register_task
 from tasks.sources import (
     MissingSourceError,
+    hf_hint,
     is_disk_dataset,
     load_disk_dataset,
     load_hub_dataset,
@@ -219,11 +220,7 @@ class ImageDataModule(LRADataModule):
                 "CIFAR-10 is not in lra_release; get the original cifar-10-python.tar.gz "
                 f"(https://www.cs.toronto.edu/~kriz/cifar.html) and run `tar xzf cifar-10-python.tar.gz -C {d}`"
             ),
-            hf=(
-                f'on a machine with network: `python -c "import datasets; datasets.load_dataset('
-                f"'{self.cfg['hf_name']}').save_to_disk('{self.disk_path}')\"` and copy {self.disk_path} here, or run "
-                "once with network and HF_DATASETS_OFFLINE=0 to fill the local HF cache"
-            ),
+            hf=hf_hint(self.cfg["hf_name"], self.disk_path),
             generator=None,
             problem=problem,
         )

@@ -48,6 +48,15 @@ def source_error(
     return MissingSourceError("\n".join(lines))
 
 
+def hf_hint(hf_name: str, disk_path: Path) -> str:
+    """How to get a Hugging Face dataset onto a machine without network (the 'HF' way of every error)."""
+    return (
+        f'on a machine with network: `python -c "import datasets; datasets.load_dataset('
+        f"'{hf_name}').save_to_disk('{disk_path}')\"` and copy {disk_path} here, or run "
+        "once with network and HF_DATASETS_OFFLINE=0 to fill the local HF cache"
+    )
+
+
 def offline_state() -> str:
     on = [v for v in OFFLINE_VARS if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
     return f"offline mode ({', '.join(f'{v}=1' for v in on)})" if on else "online mode"

@@ -32,6 +32,7 @@ from tasks.layout import DataSourceError
 from tasks.registry import register_task
 from tasks.sources import (
     MissingSourceError,
+    hf_hint,
     is_disk_dataset,
     load_disk_dataset,
     load_hub_dataset,
@@ -157,11 +158,7 @@ class TextDataModule(LRADataModule):
                 "IMDB is not in lra_release; get the original aclImdb_v1.tar.gz "
                 f"(https://ai.stanford.edu/~amaas/data/sentiment/) and run `tar xzf aclImdb_v1.tar.gz -C {d}`"
             ),
-            hf=(
-                f'on a machine with network: `python -c "import datasets; datasets.load_dataset('
-                f"'{self.cfg['hf_name']}').save_to_disk('{self.disk_path}')\"` and copy {self.disk_path} here, or run "
-                "once with network and HF_DATASETS_OFFLINE=0 to fill the local HF cache"
-            ),
+            hf=hf_hint(self.cfg["hf_name"], self.disk_path),
             generator=None,
             problem=problem,
         )

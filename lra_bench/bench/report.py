@@ -222,6 +222,18 @@ def _cell_status(r: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _method_by_n_table(labels, ns, idx, mode, cell) -> list[str]:
+    """One row per method, one column per n; a cell is `cell(record)` or the record's skip/error status."""
+    body = []
+    for lab in labels:
+        row = []
+        for n in ns:
+            r = idx.get((lab, mode, n))
+            row.append(_cell_status(r) or cell(r))
+        body.append([f"`{lab}`", *row])
+    return _table(["method", *[f"n={n}" for n in ns]], body)
+
+
 def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> str:
     rows, summ, s = data["rows"], data["summary"], data["settings"]
     env, mm = data["env"], data["matmul"]
@@ -274,27 +286,13 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
         out.append("")
         out.append("Median time in ms (interquartile range in brackets); `skip` = over the memory budget, see below.")
         out.append("")
-        body = []
-        for lab in labels:
-            cells = []
-            for n in ns:
-                r = idx.get((lab, mode, n))
-                st = _cell_status(r)
-                cells.append(st if st else f"{_fmt_ms(r['time_median_s'])} ({_fmt_ms(r['time_iqr_s'])})")
-            body.append([f"`{lab}`", *cells])
-        out += _table(["method", *[f"n={n}" for n in ns]], body)
+        out += _method_by_n_table(
+            labels, ns, idx, mode, lambda r: f"{_fmt_ms(r['time_median_s'])} ({_fmt_ms(r['time_iqr_s'])})"
+        )
         out.append("")
         out.append("Peak memory in MiB (beyond the inputs; see the memory note above).")
         out.append("")
-        body = []
-        for lab in labels:
-            cells = []
-            for n in ns:
-                r = idx.get((lab, mode, n))
-                st = _cell_status(r)
-                cells.append(st if st else f"{r['peak_mem_bytes'] / 2**20:.1f}")
-            body.append([f"`{lab}`", *cells])
-        out += _table(["method", *[f"n={n}" for n in ns]], body)
+        out += _method_by_n_table(labels, ns, idx, mode, lambda r: f"{r['peak_mem_bytes'] / 2**20:.1f}")
         sp = {(x["label"], x["n"]): x["speedup"] for x in summ["speedups"] if x["mode"] == mode}
         if sp:
             out.append("")

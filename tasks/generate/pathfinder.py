@@ -109,18 +109,54 @@ _MIDDLE, _FIRST, _LAST, _ONLY = 0, 1, 2, 3
 
 # Per-resolution generator arguments (LRA `data/pathfinder.py` docstrings; defaults of snakes2 in brackets).
 _TABLE: dict[int, dict] = {
-    32: dict(padding=1, paddle_margin_list=(1,), seed_distance=7, marker_radius=1.5, paddle_length=2,
-             paddle_thickness=0.5, continuity=1.0, distractor_budget=20, snake_contrast_list=(2.0,),
-             paddle_contrast_list=(0.75,)),
-    64: dict(padding=1, paddle_margin_list=(1,), seed_distance=12, marker_radius=2.5, paddle_length=5,
-             paddle_thickness=1, continuity=1.8, distractor_budget=22, snake_contrast_list=(0.8,),
-             paddle_contrast_list=(1.0,)),
-    128: dict(padding=1, paddle_margin_list=(2, 3), seed_distance=20, marker_radius=3, paddle_length=5,
-              paddle_thickness=1.5, continuity=1.8, distractor_budget=35, snake_contrast_list=(0.9,),
-              paddle_contrast_list=(1.0,)),
-    256: dict(padding=22, paddle_margin_list=(3,), seed_distance=27, marker_radius=5, paddle_length=5,
-              paddle_thickness=2, continuity=1.8, distractor_budget=30, snake_contrast_list=(1.0,),
-              paddle_contrast_list=(1.0,)),
+    32: dict(
+        padding=1,
+        paddle_margin_list=(1,),
+        seed_distance=7,
+        marker_radius=1.5,
+        paddle_length=2,
+        paddle_thickness=0.5,
+        continuity=1.0,
+        distractor_budget=20,
+        snake_contrast_list=(2.0,),
+        paddle_contrast_list=(0.75,),
+    ),
+    64: dict(
+        padding=1,
+        paddle_margin_list=(1,),
+        seed_distance=12,
+        marker_radius=2.5,
+        paddle_length=5,
+        paddle_thickness=1,
+        continuity=1.8,
+        distractor_budget=22,
+        snake_contrast_list=(0.8,),
+        paddle_contrast_list=(1.0,),
+    ),
+    128: dict(
+        padding=1,
+        paddle_margin_list=(2, 3),
+        seed_distance=20,
+        marker_radius=3,
+        paddle_length=5,
+        paddle_thickness=1.5,
+        continuity=1.8,
+        distractor_budget=35,
+        snake_contrast_list=(0.9,),
+        paddle_contrast_list=(1.0,),
+    ),
+    256: dict(
+        padding=22,
+        paddle_margin_list=(3,),
+        seed_distance=27,
+        marker_radius=5,
+        paddle_length=5,
+        paddle_thickness=2,
+        continuity=1.8,
+        distractor_budget=30,
+        snake_contrast_list=(1.0,),
+        paddle_contrast_list=(1.0,),
+    ),
 }
 
 
@@ -161,9 +197,14 @@ class PathfinderParams:
         row = dict(_TABLE[resolution])
         budget = row.pop("distractor_budget")
         distractor_length = contour_length // 3
-        return cls(window_size=resolution, contour_length=contour_length, antialias_scale=2,
-                   distractor_length=distractor_length, num_distractor_snakes=budget // distractor_length,
-                   **row)
+        return cls(
+            window_size=resolution,
+            contour_length=contour_length,
+            antialias_scale=2,
+            distractor_length=distractor_length,
+            num_distractor_snakes=budget // distractor_length,
+            **row,
+        )
 
     @property
     def resolution(self) -> int:
@@ -176,8 +217,15 @@ class PathfinderParams:
     def metadata_tail(self, paddle_margin: int) -> list[str]:
         """Fields 5..11 of a metadata row (after path, file name, index and label)."""
         dl = str(self.distractor_length) if self.window_size == 32 else str(float(self.distractor_length))
-        return [str(float(self.continuity)), str(self.contour_length), dl, str(self.paddle_length),
-                str(self.paddle_thickness), str(paddle_margin), str(len(self.paddle_contrast_list))]
+        return [
+            str(float(self.continuity)),
+            str(self.contour_length),
+            dl,
+            str(self.paddle_length),
+            str(self.paddle_thickness),
+            str(paddle_margin),
+            str(len(self.paddle_contrast_list)),
+        ]
 
 
 # ------------------------------------------------------------------------------------- geometry tables
@@ -275,10 +323,20 @@ def _geometry(params: PathfinderParams, margin: int) -> _Geometry:
     template[interior[0] : interior[1], interior[0] : interior[1]] = 0
     lo, hi = border + 2 * params.seed_distance, border + res - 2 * params.seed_distance
     return _Geometry(
-        width=width, border=border, n_dirs=n_dirs, tail_vec=tail_vec, head_vec=head_vec,
-        step_off=tuple(flat(step_vec).tolist()), tail_pix=tuple(flat(np.rint(tail_vec)).tolist()),
-        head_pix=tuple(flat(np.rint(head_vec)).tolist()), path=tuple(path), path_t=path_t,
-        dilated=tuple(dilated), cand=cand, template=template.tobytes(), interior=interior,
+        width=width,
+        border=border,
+        n_dirs=n_dirs,
+        tail_vec=tail_vec,
+        head_vec=head_vec,
+        step_off=tuple(flat(step_vec).tolist()),
+        tail_pix=tuple(flat(np.rint(tail_vec)).tolist()),
+        head_pix=tuple(flat(np.rint(head_vec)).tolist()),
+        path=tuple(path),
+        path_t=path_t,
+        dilated=tuple(dilated),
+        cand=cand,
+        template=template.tobytes(),
+        interior=interior,
         seed_box=(lo, hi) if hi > lo else interior,
     )
 
@@ -363,8 +421,7 @@ def _extend(canvas: _Canvas, rng: np.random.Generator, snake: list[_Piece], bit:
     return True
 
 
-def _seed_targets(canvas: _Canvas, rng: np.random.Generator,
-                  params: PathfinderParams) -> list[list[_Piece]] | None:
+def _seed_targets(canvas: _Canvas, rng: np.random.Generator, params: PathfinderParams) -> list[list[_Piece]] | None:
     """Place the first paddles of the two target snakes, ``seed_distance`` apart."""
     geo = canvas.geo
     lo, hi = geo.seed_box
@@ -389,8 +446,7 @@ def _seed_targets(canvas: _Canvas, rng: np.random.Generator,
     return None
 
 
-def _grow_targets(canvas: _Canvas, rng: np.random.Generator,
-                  params: PathfinderParams) -> list[list[_Piece]] | None:
+def _grow_targets(canvas: _Canvas, rng: np.random.Generator, params: PathfinderParams) -> list[list[_Piece]] | None:
     """Two complete target snakes grown in turn, or None when every retrial got stuck.
 
     A round that gets stuck is retried after undoing it and 0-2 earlier rounds (occupancy snapshots), up to
@@ -437,8 +493,7 @@ def _seed_distractor(canvas: _Canvas, rng: np.random.Generator, variant: int) ->
     return None
 
 
-def _grow_distractors(canvas: _Canvas, rng: np.random.Generator,
-                      params: PathfinderParams) -> list[list[_Piece]]:
+def _grow_distractors(canvas: _Canvas, rng: np.random.Generator, params: PathfinderParams) -> list[list[_Piece]]:
     """Distractor snakes of ``distractor_length`` paddles; stuck ones are kept incomplete."""
     n = params.distractor_length
     snakes = []
@@ -473,8 +528,13 @@ def _downsample(img: Image.Image, res: int) -> np.ndarray:
     return np.asarray(img.resize((res, res), Image.Resampling.LANCZOS), dtype=np.float32) / 255.0
 
 
-def _render(params: PathfinderParams, geo: _Geometry, snakes: Sequence[list[_Piece]],
-            markers: Sequence[np.ndarray], contrast: float) -> np.ndarray:
+def _render(
+    params: PathfinderParams,
+    geo: _Geometry,
+    snakes: Sequence[list[_Piece]],
+    markers: Sequence[np.ndarray],
+    contrast: float,
+) -> np.ndarray:
     """Draw paddles and markers at the antialias scale, downsample, combine by max and byte-scale."""
     aa, res = params.antialias_scale, params.window_size
     size = res * aa
@@ -501,8 +561,9 @@ def _render(params: PathfinderParams, geo: _Geometry, snakes: Sequence[list[_Pie
     return (np.clip((img - lo) * (255.0 / (hi - lo)), 0, 255) + 0.5).astype(np.uint8)
 
 
-def _target_mask(params: PathfinderParams, geo: _Geometry, targets: Sequence[list[_Piece]],
-                 marker_pix: Sequence[int]) -> np.ndarray:
+def _target_mask(
+    params: PathfinderParams, geo: _Geometry, targets: Sequence[list[_Piece]], marker_pix: Sequence[int]
+) -> np.ndarray:
     """Mask of the target paths (1, 2) with ``_MARKER_FLAG`` added on the marker centres."""
     flat = np.zeros(geo.width * geo.width, dtype=np.uint8)
     for value, snake in enumerate(targets, start=1):
@@ -514,8 +575,9 @@ def _target_mask(params: PathfinderParams, geo: _Geometry, targets: Sequence[lis
     return flat.reshape(geo.width, geo.width)[b : b + res, b : b + res].copy()
 
 
-def make_sample(rng: np.random.Generator, params: PathfinderParams, label: int,
-                paddle_margin: int | None = None) -> tuple[np.ndarray, int, np.ndarray]:
+def make_sample(
+    rng: np.random.Generator, params: PathfinderParams, label: int, paddle_margin: int | None = None
+) -> tuple[np.ndarray, int, np.ndarray]:
     """One stimulus: ``(uint8 image res x res, label, target mask)``; see the module docstring for the mask.
 
     ``paddle_margin`` defaults to a draw from ``params.paddle_margin_list``. Raises ``RuntimeError`` when the
@@ -611,18 +673,28 @@ def read_metadata(path: str | Path) -> list[list[str]]:
     return [line.split(" ") for line in data.decode().splitlines() if line.strip()]
 
 
-def _chunks(root: Path, params: PathfinderParams, seed: int, num_images: int, images_per_folder: int,
-            write_masks: bool) -> Iterator[_Chunk]:
+def _chunks(
+    root: Path, params: PathfinderParams, seed: int, num_images: int, images_per_folder: int, write_masks: bool
+) -> Iterator[_Chunk]:
     for folder in range(math.ceil(num_images / images_per_folder)):
         n = min(images_per_folder, num_images - folder * images_per_folder)
         for start in range(0, n, _CHUNK):
-            yield _Chunk(str(root), params, seed, folder, start, min(_CHUNK, n - start), images_per_folder,
-                         write_masks)
+            yield _Chunk(str(root), params, seed, folder, start, min(_CHUNK, n - start), images_per_folder, write_masks)
 
 
-def generate(out_dir: str | Path, resolution: int = 32, contour_length: int = 14, num_images: int = 1000,
-             seed: int = 0, workers: int = 1, *, images_per_folder: int = 1000, write_masks: bool = False,
-             metadata_format: str = "text", progress: bool = False) -> Path:
+def generate(
+    out_dir: str | Path,
+    resolution: int = 32,
+    contour_length: int = 14,
+    num_images: int = 1000,
+    seed: int = 0,
+    workers: int = 1,
+    *,
+    images_per_folder: int = 1000,
+    write_masks: bool = False,
+    metadata_format: str = "text",
+    progress: bool = False,
+) -> Path:
     """Write ``num_images`` stimuli in the official layout and return the difficulty directory.
 
     ``out_dir/pathfinder{resolution}/{difficulty_dir}`` gets ``imgs/``, ``metadata/`` (and ``masks/``); a
@@ -667,8 +739,13 @@ def _progress_bar(enabled: bool, total: int, description: str) -> Iterator[Calla
         return
     from rich import progress as rp
 
-    columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
-               rp.TimeElapsedColumn(), rp.TimeRemainingColumn())
+    columns = (
+        rp.TextColumn("{task.description}"),
+        rp.BarColumn(),
+        rp.MofNCompleteColumn(),
+        rp.TimeElapsedColumn(),
+        rp.TimeRemainingColumn(),
+    )
     with rp.Progress(*columns) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n: bar.advance(task, n)
@@ -676,8 +753,9 @@ def _progress_bar(enabled: bool, total: int, description: str) -> Iterator[Calla
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``python -m tasks.generate.pathfinder``)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--out", required=True, type=Path, help="output root (gets pathfinder{res}/...)")
     parser.add_argument("--resolution", type=int, default=32, choices=sorted(_TABLE))
     parser.add_argument("--contour-length", type=int, default=14, help="6 = curv_baseline, 9, 14")
@@ -688,9 +766,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-masks", action="store_true", help="also write masks/<k>/sample_<i>.png")
     parser.add_argument("--metadata-format", choices=("text", "npy"), default="text")
     args = parser.parse_args(argv)
-    root = generate(args.out, args.resolution, args.contour_length, args.num_images, args.seed, args.workers,
-                    images_per_folder=args.images_per_folder, write_masks=args.write_masks,
-                    metadata_format=args.metadata_format, progress=True)
+    root = generate(
+        args.out,
+        args.resolution,
+        args.contour_length,
+        args.num_images,
+        args.seed,
+        args.workers,
+        images_per_folder=args.images_per_folder,
+        write_masks=args.write_masks,
+        metadata_format=args.metadata_format,
+        progress=True,
+    )
     print(root)
     return 0
 
