@@ -84,7 +84,9 @@ def run_cli(args: list[str], tmp_path: Path, timeout: int = 600, check: bool = T
         cmd.append(f"data_dir={tmp_path / 'data'}")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"run.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"run.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 

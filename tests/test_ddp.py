@@ -40,12 +40,26 @@ def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
 @pytest.mark.timeout(900)
 def test_ddp_cpu_trains_and_writes_one_record(tmp_path: Path) -> None:
     args = [a for a in TINY_LISTOPS if a != "logger=csv"] + ["logger=default", "attn=nystrom", "trainer=ddp_cpu"]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir"), "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb-dir"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     proc = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), f"output_root={tmp_path / 'outputs'}",
-         f"data_dir={tmp_path / 'data'}", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=800, env=env,
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            f"output_root={tmp_path / 'outputs'}",
+            f"data_dir={tmp_path / 'data'}",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     records = list((tmp_path / "outputs").rglob(results.FILENAME))

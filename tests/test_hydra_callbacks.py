@@ -63,8 +63,15 @@ def test_on_job_end_marks_a_running_record_failed_and_leaves_finished_ones(tmp_p
 def _fake_sweep(sweep: Path) -> None:
     for seed, status in ((0, "completed"), (1, "completed"), (2, "failed")):
         record = results.empty_record()
-        record.update(task="listops", attn="nystrom", protocol="nystromformer", seed=seed, status=status,
-                      selector="segment_means", error=None if status == "completed" else "DataSourceError: gone")
+        record.update(
+            task="listops",
+            attn="nystrom",
+            protocol="nystromformer",
+            seed=seed,
+            status=status,
+            selector="segment_means",
+            error=None if status == "completed" else "DataSourceError: gone",
+        )
         record["metrics"].update(val_acc=0.3 + seed / 100, test_acc=0.3)
         record["run"].update(output_dir=str(sweep / f"seed={seed}"))
         results.write_atomic(sweep / f"seed={seed}" / results.FILENAME, record)
@@ -98,8 +105,9 @@ def test_launcher_configs_compose() -> None:
     assert s["_target_"].endswith("SlurmLauncher")
     assert s["max_num_timeout"] > 0 and s["signal_delay_s"] >= 60
     assert s["tasks_per_node"] == 1 and s["nodes"] == 1 and s["partition"] is None
-    ddp = OmegaConf.to_container(compose(["hydra/launcher=slurm", "trainer=ddp"], return_hydra_config=True)
-                                 .hydra.launcher, resolve=True)
+    ddp = OmegaConf.to_container(
+        compose(["hydra/launcher=slurm", "trainer=ddp"], return_hydra_config=True).hydra.launcher, resolve=True
+    )
     assert ddp["tasks_per_node"] == ddp["gpus_per_node"] == 4  # one srun task per device
     # the plugin's own config (a conf/hydra/launcher/joblib.yaml would shadow it with a deprecation warning)
     joblib = compose(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], return_hydra_config=True).hydra.launcher
@@ -141,12 +149,21 @@ def test_joblib_sweep_with_a_failing_job_still_gets_its_leaderboard(tmp_path: Pa
     """Two local jobs in parallel; `attn=full selector=uniform` is a config error raised before train() writes a
     record, so the callback's on_job_end writes it; the sweep exits non-zero and the exit hook builds the table."""
     sweep = tmp_path / "sweep"
-    args = ["-m", *TINY_LISTOPS, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "attn=nystrom,full",
-            "selector=uniform",
-            f"hydra.sweep.dir={sweep}", f"data_dir={tmp_path / 'data'}", "hydra.callbacks.leaderboard.plots=false"]
+    args = [
+        "-m",
+        *TINY_LISTOPS,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "attn=nystrom,full",
+        "selector=uniform",
+        f"hydra.sweep.dir={sweep}",
+        f"data_dir={tmp_path / 'data'}",
+        "hydra.callbacks.leaderboard.plots=false",
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=500)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=500
+    )
     assert proc.returncode != 0, "a failed job must fail the sweep"
     assert "[lra-bench] leaderboard:" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = {r["attn"]: r for r in map(results.read_record, sweep.rglob(results.FILENAME))}

@@ -89,8 +89,26 @@ def test_seeded_files_are_reproducible_and_official_format(tmp_path: Path) -> No
 
 
 def test_cli_and_impossible_bounds(tmp_path: Path) -> None:
-    assert gen.main(["--out", str(tmp_path), "--num-train", "4", "--num-val", "2", "--num-test", "2",
-                     "--min-length", "5", "--max-length", "60", "--no-progress"]) == 0
+    assert (
+        gen.main(
+            [
+                "--out",
+                str(tmp_path),
+                "--num-train",
+                "4",
+                "--num-val",
+                "2",
+                "--num-test",
+                "2",
+                "--min-length",
+                "5",
+                "--max-length",
+                "60",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "basic_test.tsv").exists()
     with pytest.raises(ValueError, match="min_length"):
         gen.generate(5, min_length=100, max_length=50, progress=False)

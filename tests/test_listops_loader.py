@@ -82,8 +82,14 @@ def test_missing_data_error_names_path_and_command(tmp_path: Path) -> None:
 
 def test_generates_once_when_missing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cfg = ListOpsConfig(
-        max_length=64, seq_len=64, gen_num_train=12, gen_num_val=4, gen_num_test=4, gen_min_length=5,
-        gen_max_length=64, gen_max_depth=4,
+        max_length=64,
+        seq_len=64,
+        gen_num_train=12,
+        gen_num_val=4,
+        gen_num_test=4,
+        gen_min_length=5,
+        gen_max_length=64,
+        gen_max_depth=4,
     )
     dm = ListOpsDataModule(cfg, str(tmp_path / "d"), str(tmp_path / "cache"))
     dm.setup()

@@ -26,8 +26,7 @@ EIGHT = np.ones((3, 3), dtype=bool)
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One shared 32x32, contour-length-14 dataset with masks (the expensive part of this module)."""
     out = tmp_path_factory.mktemp("pathfinder")
-    return pf.generate(out, 32, 14, N_IMAGES, seed=SEED, workers=1, images_per_folder=PER_FOLDER,
-                       write_masks=True)
+    return pf.generate(out, 32, 14, N_IMAGES, seed=SEED, workers=1, images_per_folder=PER_FOLDER, write_masks=True)
 
 
 def _all_rows(root: Path) -> list[list[str]]:
@@ -90,7 +89,7 @@ def test_images_are_8bit_grayscale(dataset: Path) -> None:
 
 def test_markers_connected_iff_label_1(dataset: Path) -> None:
     for row in _all_rows(dataset):
-        mask = np.asarray(Image.open(dataset / "masks" / row[0][len("imgs/"):] / row[1]))
+        mask = np.asarray(Image.open(dataset / "masks" / row[0][len("imgs/") :] / row[1]))
         image = np.asarray(Image.open(dataset / row[0] / row[1]))
         assert set(np.unique(mask & 3)) == {0, 1, 2}  # both target snakes are there
         assert _connected(mask) == (row[3] == "1"), row[:2]
@@ -123,9 +122,25 @@ def test_output_independent_of_workers_and_folders(dataset: Path, tmp_path: Path
 
 
 def test_cli(tmp_path: Path) -> None:
-    argv = ["--out", str(tmp_path), "--resolution", "32", "--contour-length", "6", "--num-images", "6",
-            "--seed", "1", "--workers", "1", "--images-per-folder", "4", "--write-masks", "--metadata-format",
-            "npy"]
+    argv = [
+        "--out",
+        str(tmp_path),
+        "--resolution",
+        "32",
+        "--contour-length",
+        "6",
+        "--num-images",
+        "6",
+        "--seed",
+        "1",
+        "--workers",
+        "1",
+        "--images-per-folder",
+        "4",
+        "--write-masks",
+        "--metadata-format",
+        "npy",
+    ]
     assert pf.main(argv) == 0
     root = tmp_path / "pathfinder32" / "curv_baseline"
     assert (root / "imgs" / "1" / "sample_1.png").is_file()

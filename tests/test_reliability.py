@@ -66,7 +66,11 @@ def test_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:
     # the CLI fails too (Hydra itself cannot create the run dir), without a traceback-free success
     proc = subprocess.run(
         [sys.executable, str(REPO / "run.py"), "output_root=/proc/lra-bench-unwritable", *SMALL],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode != 0 and "lra-bench-unwritable" in proc.stderr
 
@@ -135,13 +139,28 @@ def test_every_load_is_weights_only_and_our_checkpoints_pass(tmp_path: Path, mon
 @pytest.mark.timeout(600)
 def test_no_secret_reaches_configs_logs_or_results(tmp_path: Path) -> None:
     secret = "0123456789abcdef0123456789abcdef01234567"  # the shape of a W&B key, fake
-    env = {**os.environ, "WANDB_API_KEY": secret, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir"),
-           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "WANDB_API_KEY": secret,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb-dir"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     args = [a for a in SMALL if a != "logger=csv"] + ["logger=default", "trainer.max_steps=2"]
     proc = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), f"output_root={tmp_path / 'outputs'}",
-         f"data_dir={tmp_path / 'data'}", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=500, env=env,
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            f"output_root={tmp_path / 'outputs'}",
+            f"data_dir={tmp_path / 'data'}",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = list((tmp_path / "outputs").rglob(results.FILENAME))

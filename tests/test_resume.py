@@ -130,8 +130,13 @@ def test_sigkill_then_same_command_matches_an_uninterrupted_run(
     base = root / "outputs" / "listops" / "nystrom"
     name = f"killed{kill_at}"
     killed_args = [*RESUME_ARGS, f"run_name={name}", "+fault.step_sleep_s=0.4"]  # slow steps: time to kill
-    cmd = [sys.executable, str(REPO / "run.py"), f"output_root={root / 'outputs'}", f"data_dir={root / 'data'}",
-           *killed_args]
+    cmd = [
+        sys.executable,
+        str(REPO / "run.py"),
+        f"output_root={root / 'outputs'}",
+        f"data_dir={root / 'data'}",
+        *killed_args,
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     killed = base / name
     last = killed / "checkpoints" / "last.ckpt"

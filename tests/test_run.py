@@ -23,7 +23,10 @@ def test_tiny_run_writes_a_complete_record(tmp_path: Path) -> None:
     assert validate_record(record) == []
     assert record["status"] == "completed" and record["error"] is None
     assert (record["task"], record["attn"], record["selector"], record["protocol"]) == (
-        "listops", "nystrom", "segment_means", "nystromformer"
+        "listops",
+        "nystrom",
+        "segment_means",
+        "nystromformer",
     )
     m = record["metrics"]
     assert m["train_steps"] == 4 and m["best_step"] in (2, 4)

@@ -140,13 +140,20 @@ def test_slurm_sweep_requeue_resume_and_failure(local_slurm, tmp_path: Path, mon
         f"hydra.sweep.dir={sweep}",
         "hydra.callbacks.leaderboard.plots=false",
     ]
-    env = {**local_slurm.env, "SLURM_CONF": str(local_slurm.conf), "WANDB_MODE": "offline",
-           "WANDB_DIR": str(tmp_path / "wandb-dir"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **local_slurm.env,
+        "SLURM_CONF": str(local_slurm.conf),
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb-dir"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     log_path = tmp_path / "master.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        master = subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT)
+        master = subprocess.Popen(
+            [sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             out0, job0, step0 = _wait_for_checkpoint(sweep, ("full", 0), master, timeout=300)
             local_slurm.requeue(job0)  # SIGTERM now, SIGKILL after KillWait; SLURM requeues the job
