@@ -74,9 +74,15 @@ TINY_LISTOPS = [
 ]
 
 
-def run_cli(args: list[str], tmp_path: Path, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `python run.py ARGS` in the repo with outputs and data under tmp_path."""
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+def run_cli(
+    args: list[str],
+    tmp_path: Path,
+    timeout: int = 600,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run `python run.py ARGS` in the repo with outputs and data under tmp_path (`env` adds variables)."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     cmd = [sys.executable, str(REPO / "run.py"), *args]
     if not any(a.startswith("output_root=") for a in args):
         cmd.append(f"output_root={tmp_path / 'outputs'}")

@@ -7,16 +7,13 @@ sees global_step, the best score or the step timings (the record came out with t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lra_bench import results
 from lra_bench.validate import ConfigError
-from tests.conftest import REPO, TINY_LISTOPS, compose
+from tests.conftest import TINY_LISTOPS, compose, run_cli
 
 
 def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
@@ -40,27 +37,8 @@ def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
 @pytest.mark.timeout(900)
 def test_ddp_cpu_trains_and_writes_one_record(tmp_path: Path) -> None:
     args = [a for a in TINY_LISTOPS if a != "logger=csv"] + ["logger=default", "attn=nystrom", "trainer=ddp_cpu"]
-    env = {
-        **os.environ,
-        "WANDB_MODE": "offline",
-        "WANDB_DIR": str(tmp_path / "wandb-dir"),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "run.py"),
-            f"output_root={tmp_path / 'outputs'}",
-            f"data_dir={tmp_path / 'data'}",
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=800,
-        env=env,
-    )
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir")}
+    proc = run_cli(args, tmp_path, timeout=800, check=False, env=wandb_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     records = list((tmp_path / "outputs").rglob(results.FILENAME))
     assert len(records) == 1, records  # rank 1 landed in the same run dir

@@ -16,7 +16,7 @@ import torch
 
 from lra_bench import checkpointing, results
 from lra_bench.validate import ConfigError
-from tests.conftest import REPO, TINY_LISTOPS, compose
+from tests.conftest import REPO, TINY_LISTOPS, compose, run_cli
 
 SMALL = [
     *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval"))],
@@ -139,29 +139,9 @@ def test_every_load_is_weights_only_and_our_checkpoints_pass(tmp_path: Path, mon
 @pytest.mark.timeout(600)
 def test_no_secret_reaches_configs_logs_or_results(tmp_path: Path) -> None:
     secret = "0123456789abcdef0123456789abcdef01234567"  # the shape of a W&B key, fake
-    env = {
-        **os.environ,
-        "WANDB_API_KEY": secret,
-        "WANDB_MODE": "offline",
-        "WANDB_DIR": str(tmp_path / "wandb-dir"),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    wandb_env = {"WANDB_API_KEY": secret, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir")}
     args = [a for a in SMALL if a != "logger=csv"] + ["logger=default", "trainer.max_steps=2"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "run.py"),
-            f"output_root={tmp_path / 'outputs'}",
-            f"data_dir={tmp_path / 'data'}",
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=500,
-        env=env,
-    )
+    proc = run_cli(args, tmp_path, timeout=500, check=False, env=wandb_env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = list((tmp_path / "outputs").rglob(results.FILENAME))
     assert len(runs) == 1
