@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from lra_bench.hydra_setup import quiet_third_party_warnings, setup
+from lra_bench.config.setup import quiet_third_party_warnings, setup
 
 setup()
 quiet_third_party_warnings()
@@ -17,8 +17,8 @@ quiet_third_party_warnings()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from lra_bench.train import train
-    from lra_bench.validate import ConfigError
+    from lra_bench.config.validate import ConfigError
+    from lra_bench.run.train import train
     from tasks.layout import DataSourceError
 
     try:

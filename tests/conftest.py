@@ -39,7 +39,7 @@ def compose(overrides: list[str] | None = None, return_hydra_config: bool = Fals
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from lra_bench.hydra_setup import setup
+    from lra_bench.config.setup import setup
 
     setup()
     GlobalHydra.instance().clear()

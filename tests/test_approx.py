@@ -108,10 +108,10 @@ def check_schema(data: dict[str, Any], tmp_path: Path) -> None:
 
 
 def test_svd_floor_matches_numpy() -> None:
-    from lra_bench import diagnostics as dg
     from lra_bench.approx.capture import Instance
     from lra_bench.approx.study import describe_input
     from lra_bench.approx.synthetic import decay_inputs
+    from lra_bench.diagnostics import metrics as dg
 
     q, k, v = decay_inputs(96, 16, "geometric", 0.7, 2.0, seed=3)
     info, (a, sigma, norm_a) = describe_input(Instance("test", "x", q, k, v, 3), [4, 16], 1e-3, False)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lra_bench.validate import ConfigError, validate
+from lra_bench.config.validate import ConfigError, validate
 from models.attention import attention_entry, list_attentions
 from models.landmarks import list_selectors
 from tasks.registry import list_tasks
@@ -139,7 +139,7 @@ def test_same_command_same_run_dir_and_overrides_change_it() -> None:
 def test_rsqrt_schedule_is_the_lra_jax_one() -> None:
     import math
 
-    from lra_bench.module import lr_lambda
+    from lra_bench.run.module import lr_lambda
 
     f = lr_lambda("rsqrt", warmup=1000, total=5000)
     assert math.isclose(f(999), 1 / math.sqrt(1000))  # peak at the end of warm-up: base/sqrt(w)

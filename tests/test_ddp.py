@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench import results
-from lra_bench.validate import ConfigError
+from lra_bench.config.validate import ConfigError
+from lra_bench.record import results
 from tests.conftest import TINY_LISTOPS, compose, run_cli
 
 
 def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from lra_bench.train import check_launch
+    from lra_bench.run.train import check_launch
 
     cfg = compose(["trainer=ddp_cpu", "hydra.mode=MULTIRUN"], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)

@@ -14,10 +14,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-import lra_bench.train as train_module
-from lra_bench import results
-from lra_bench.diagnostics import block_coherence, eckart_young_floor, head_metrics, singular_values
-from lra_bench.diagnostics_callback import DiagnosticsCallback, build_probe
+import lra_bench.run.train as train_module
+from lra_bench.diagnostics.callback import DiagnosticsCallback, build_probe
+from lra_bench.diagnostics.metrics import block_coherence, eckart_young_floor, head_metrics, singular_values
+from lra_bench.record import results
 from models.build import build_classifier
 from tests.conftest import TINY_LISTOPS, compose, run_cli
 

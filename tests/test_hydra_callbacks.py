@@ -13,9 +13,9 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf, open_dict
 
-from lra_bench import results
-from lra_bench.hydra_callbacks import LeaderboardCallback
 from lra_bench.leaderboard import build_leaderboard
+from lra_bench.leaderboard.sweep_callback import LeaderboardCallback
+from lra_bench.record import results
 from tests.conftest import CONF, REPO, TINY_LISTOPS, compose
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from lra_bench import results
 from lra_bench.leaderboard import build_leaderboard, log_to_wandb
-from lra_bench.published import FIVE_TASKS, load_published
+from lra_bench.leaderboard.published import FIVE_TASKS, load_published
+from lra_bench.record import results
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

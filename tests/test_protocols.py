@@ -7,7 +7,7 @@ from dataclasses import fields
 import pytest
 from omegaconf import OmegaConf
 
-from lra_bench.validate import validate
+from lra_bench.config.validate import validate
 from tasks.registry import task_entry
 from tests.conftest import CONF, compose
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lra_bench import checkpointing, results
-from lra_bench.validate import ConfigError
+from lra_bench.config.validate import ConfigError
+from lra_bench.record import results
+from lra_bench.run import checkpointing
 from tests.conftest import REPO, TINY_LISTOPS, compose, run_cli
 
 SMALL = [
@@ -29,7 +30,7 @@ SMALL = [
 
 
 def _train(tmp_path: Path, *overrides: str, out: Path | None = None) -> dict:
-    from lra_bench.train import train
+    from lra_bench.run.train import train
 
     cfg = compose([*SMALL, f"data_dir={tmp_path / 'data'}", *overrides])
     return train(cfg, out or tmp_path / "run")

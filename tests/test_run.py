@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench.results import read_record, validate_record
+from lra_bench.record.results import read_record, validate_record
 from tests.conftest import TINY_LISTOPS, run_cli
 
 

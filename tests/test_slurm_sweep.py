@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lra_bench import results
-from lra_bench.train import build_datamodule
+from lra_bench.record import results
+from lra_bench.run.train import build_datamodule
 from tests import conftest_slurm
 from tests.conftest import REPO, TINY_LISTOPS, compose
 

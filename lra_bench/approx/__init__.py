@@ -5,5 +5,5 @@ comes to exact softmax attention A — relative Frobenius error, output residual
 the ratio to it, the input's block-coherence — on synthetic inputs with controlled structure
 (`lra_bench.approx.synthetic`) and on attention captured from a trained and a randomly initialised model
 (`lra_bench.approx.capture`); then computed verdicts on the claims of methods.md (`lra_bench.approx.summary`).
-Every metric is imported from `lra_bench.diagnostics`.
+Every metric is imported from `lra_bench.diagnostics.metrics`.
 """

@@ -20,7 +20,7 @@ def compose_main(overrides: list[str]) -> DictConfig:
     """conf/config.yaml composed with `overrides` (the training config a random model is built from)."""
     from hydra import compose
 
-    from lra_bench.hydra_setup import setup
+    from lra_bench.config.setup import setup
 
     setup()
     return compose(config_name="config", overrides=overrides)
@@ -57,8 +57,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     from lra_bench.approx.report import plot, render_markdown
     from lra_bench.approx.study import build_methods, describe_input, evaluate
     from lra_bench.approx.summary import summarize
-    from lra_bench.envinfo import environment
-    from lra_bench.results import write_atomic
+    from lra_bench.record.provenance import environment
+    from lra_bench.record.results import write_atomic
 
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -49,7 +49,7 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     for source, info in data["sources"].items():
         out.append(f"- source `{source}`: {info}")
     out.append(
-        "- metrics from `lra_bench/diagnostics.py`: relative error ‖A−Â‖_F/‖A‖_F, output residual "
+        "- metrics from `lra_bench/diagnostics/metrics.py`: relative error ‖A−Â‖_F/‖A‖_F, output residual "
         "‖(A−Â)V‖_F/‖AV‖_F, Eckart–Young floor √Σ_{i>r}σ_i² / ‖A‖_F at the method's rank budget r and the ratio "
         "of the achieved error to it; block-coherence β (our definition): k-means the queries into r clusters "
         "and take the share of A's rank-r leverage Σℓ_i that the highest-leverage token of each cluster holds"

@@ -1,9 +1,9 @@
 """Evaluate every method on one attention problem against exact softmax attention (and its SVD optimum).
 
-Every metric comes from `lra_bench.diagnostics` (one implementation for training-time diagnostics and this
+Every metric comes from `lra_bench.diagnostics.metrics` (one implementation for training-time diagnostics and this
 study): relative Frobenius error ‖A − Â‖_F/‖A‖_F, output residual ‖(A − Â)V‖_F/‖AV‖_F, the Eckart–Young
 floor at the method's rank budget r and the ratio of the achieved error to it, numerical and stable rank,
-block-coherence (its definition is in `lra_bench.diagnostics`). Â is the method's own `implied_matrix`.
+block-coherence (its definition is in `lra_bench.diagnostics.metrics`). Â is the method's own `implied_matrix`.
 
 Two groups of methods:
 * `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström as
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from lra_bench import diagnostics as dg
 from lra_bench.approx.capture import Instance
+from lra_bench.diagnostics import metrics as dg
 
 
 @dataclass
@@ -137,7 +137,7 @@ def evaluate(
     inst: Instance, methods: list[Method], ms: list[int], seeds: list[int], exact: Any
 ) -> list[dict[str, Any]]:
     """One row per (seed, method, m): residuals against softmax (or the method's own target), floor, ratio."""
-    from lra_bench.diagnostics_callback import rank_budget
+    from lra_bench.diagnostics.callback import rank_budget
 
     a, sigma, norm_a = exact
     n, d = inst.q.shape

@@ -39,8 +39,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     from lra_bench.bench.report import plot, render_markdown, summarize_bench
     from lra_bench.bench.sweep import run_sweep
     from lra_bench.bench.variants import build_variants
-    from lra_bench.envinfo import environment
-    from lra_bench.results import write_atomic
+    from lra_bench.record.provenance import environment
+    from lra_bench.record.results import write_atomic
 
     output_dir.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

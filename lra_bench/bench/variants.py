@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from lra_bench.bench.references import REFERENCES
-from lra_bench.envinfo import REPO_ROOT
+from lra_bench.record.provenance import REPO_ROOT
 
 CONF = REPO_ROOT / "conf"
 

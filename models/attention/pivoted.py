@@ -17,7 +17,7 @@ Exact columns A[:, J] = exp(q_i·k_J − lse_i) need every row's log-sum-exp ove
   memory, including the backward pass (a custom autograd function recomputes each block).
 
 Pivots come from the selector (`pivoted_qr` by default; any token selector works, cluster means do not —
-`lra_bench.validate` says so). When the selector supplies its sketch rows (pivoted_qr does) they are reused,
+`lra_bench.config.validate` says so). When the selector supplies its sketch rows (pivoted_qr does) they are reused,
 else the attention draws ℓ real rows uniformly with its own seeded generator. λ is relative:
 λ = ridge·mean(diag C_SᵀC_S) (our choice: scale-free). Everything runs in fp32 (autocast off): the
 work is O(N·r) and the ridge solve must be fp32 anyway.
@@ -83,7 +83,7 @@ class BlockwiseLSE(torch.autograd.Function):
 @register_attention("pivoted", config=PivotedConfig)
 class PivotedAttention(Attention):
     takes_selector = True
-    #: C = A[:, J] needs landmarks that are tokens (checked by lra_bench.validate)
+    #: C = A[:, J] needs landmarks that are tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True
 
     def __init__(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lra_bench.published import TASK_LABELS, TASKS
+from lra_bench.leaderboard.published import TASK_LABELS, TASKS
 
 GROUP_COLUMNS = (
     "protocol",

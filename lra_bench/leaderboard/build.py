@@ -9,14 +9,13 @@ thing as a function, for a Hydra `on_multirun_end` callback.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lra_bench import leaderboard_data as data
-from lra_bench import leaderboard_render as render
-from lra_bench.published import load_published
+from lra_bench.leaderboard import aggregate as data
+from lra_bench.leaderboard import render as render
+from lra_bench.leaderboard.published import load_published
 
 MARKDOWN, CSV, WIDE_CSV = "leaderboard.md", "leaderboard.csv", "leaderboard_wide.csv"
 
@@ -127,7 +126,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     for plot in result["plots"]:
         print(f"  {plot}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Approximation diagnostics at validation time, on a fixed probe batch (see `lra_bench.diagnostics`).
+"""Approximation diagnostics at validation time, on a fixed probe batch (see `lra_bench.diagnostics.metrics`).
 
 The probe is the first `probe_size` validation sequences, cut to `max_len` tokens, built once. At every
 `every_n_validations`-th validation (and at any validation that improves val/acc, so that the best-val
@@ -24,8 +24,8 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench import results
-from lra_bench.diagnostics import head_metrics, mean_metrics
+from lra_bench.diagnostics.metrics import head_metrics, mean_metrics
+from lra_bench.record import results
 from models.encoder import MultiHeadAttention
 
 DEFAULTS: dict[str, Any] = {

@@ -11,7 +11,7 @@ Schema (version 1) — every key is always present; unknown values are null:
     run             {name, output_dir, started_at, finished_at, wandb_id, resumed_from_step}
     metrics         {val_acc, test_acc, best_step, train_steps, step_time_median_s, tokens_per_s,
                      peak_memory_mib, params, data_share}
-    diagnostics     {"latest": {...}, "best": {...}} per layer/head quantities (see lra_bench.diagnostics)
+    diagnostics     {"latest": {...}, "best": {...}} per layer/head quantities (see lra_bench.diagnostics.metrics)
     data            {text_length, max_length, seq_len, tokenizer_version, split, source}
     env             {git_commit, python, platform, packages{...}, hardware{...}}
     config          the fully resolved Hydra config

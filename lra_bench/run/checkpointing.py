@@ -15,7 +15,7 @@ Why this module exists (DESIGN §6, issue 6):
 * `RNGState` checkpoints the global RNGs (dropout), restored at train start: with the data order restored by
   `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
 * `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off (see
-  `lra_bench.train.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
+  `lra_bench.run.train.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
   step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step (and its validation) and raises
   `SIGTERMException` → `LastCheckpoint` saves → `train()` records the stop and calls submitit's own handler,
   which requeues the job and exits. If no step boundary comes within `grace_s` (half the launcher's
@@ -253,7 +253,7 @@ class SubmititRequeue(Checkpoint):
     Installed at train start only when submitit's USR2 handler is in place and the run is one process (in DDP,
     submitit's handler stays as is and the periodic `last.ckpt` is the resume point). On USR2 it raises SIGTERM in
     this process, so Lightning stops after the current step and its validation with `SIGTERMException`;
-    `LastCheckpoint.on_exception` saves; `lra_bench.train` then writes the record and calls `hand_over()`, which
+    `LastCheckpoint.on_exception` saves; `lra_bench.run.train` then writes the record and calls `hand_over()`, which
     runs submitit's own handler (launcher `checkpoint()`, `scontrol requeue`, `sys.exit`). An alarm after
     `grace_s` hands over without the save if no step boundary comes in time. A `Checkpoint` subclass only so that
     Lightning orders it after `LastCheckpoint`.

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 PACKAGES = ("torch", "pytorch-lightning", "hydra-core", "omegaconf", "datasets", "wandb", "torchmetrics", "numpy")
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str | None:

@@ -2,7 +2,7 @@
 
 Resuming is the default: the run's output dir is derived from its overrides (same command → same dir), and
 `ckpt_path=last` continues from `<output_dir>/checkpoints/last.ckpt` when it exists (a corrupt one falls back to
-`last-prev.ckpt`, then the best checkpoint; see `lra_bench.checkpointing`, which also owns requeue handling).
+`last-prev.ckpt`, then the best checkpoint; see `lra_bench.run.checkpointing`, which also owns requeue handling).
 Under DDP every rank runs this function; only rank 0 writes the result record, config tree and summary.
 """
 
@@ -21,12 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench import checkpointing, results
-from lra_bench.callbacks import EfficiencyMonitor
-from lra_bench.envinfo import environment
-from lra_bench.loggers import build_loggers, finish_wandb
-from lra_bench.summary import print_config, print_summary
-from lra_bench.validate import check_writable, validate
+from lra_bench.config.validate import check_writable, validate
+from lra_bench.record import results
+from lra_bench.record.provenance import environment
+from lra_bench.run import checkpointing
+from lra_bench.run.console import print_config, print_summary
+from lra_bench.run.efficiency import EfficiencyMonitor
+from lra_bench.run.loggers import build_loggers, finish_wandb
 from models.attention.registry import attention_entry
 from models.build import build_classifier
 from tasks.registry import task_entry
@@ -110,7 +111,7 @@ def check_launch(cfg: DictConfig) -> None:
         return
     if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
         return
-    from lra_bench.validate import ConfigError
+    from lra_bench.config.validate import ConfigError
 
     raise ConfigError(
         f"trainer.strategy={strategy} with trainer.devices={devices} inside a Hydra multirun: Lightning's ddp "
@@ -163,7 +164,7 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
         return resume.path
     path = Path(str(cfg.ckpt_path)).expanduser()
     if not path.exists():
-        from lra_bench.validate import ConfigError
+        from lra_bench.config.validate import ConfigError
 
         raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file; use 'last', null, or an existing .ckpt")
     return str(path)
@@ -310,7 +311,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
 
 def _build_module(cfg: DictConfig, dm: Any) -> pl.LightningModule:
-    from lra_bench.module import LRAModule
+    from lra_bench.run.module import LRAModule
 
     model = build_model(cfg, dm)
     return LRAModule(model, dm.num_classes, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps))
@@ -321,7 +322,7 @@ def _extra_callbacks(cfg: DictConfig, dm: Any, record: dict[str, Any]) -> list[p
     out: list[pl.Callback] = []
     if cfg.diagnostics.enabled:
         try:
-            from lra_bench.diagnostics_callback import DiagnosticsCallback
+            from lra_bench.diagnostics.callback import DiagnosticsCallback
         except ImportError:
             return out
         out.append(DiagnosticsCallback(cfg.diagnostics, dm, record))

@@ -42,7 +42,7 @@ def setup() -> None:
     global _DONE
     if _DONE:
         return
-    from lra_bench.schema import register_schemas
+    from lra_bench.config.schema import register_schemas
 
     register_schemas()
     OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lra_bench import results
-from lra_bench.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
+from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
+from lra_bench.record import results
 
 GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks")
 METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks")

@@ -53,7 +53,7 @@ class LeaderboardCallback(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if job_return.status != JobStatus.FAILED or _rank() != 0:
             return
-        from lra_bench import results
+        from lra_bench.record import results
 
         output_dir = Path(str(config.hydra.runtime.output_dir))
         path = output_dir / results.FILENAME

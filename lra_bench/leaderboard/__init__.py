@@ -1,0 +1,21 @@
+"""Tables across runs: every `results.json` below some dirs → leaderboard.md/.csv/plots beside published numbers.
+
+`python -m lra_bench.leaderboard DIR...` (see `build`). Modules: `aggregate` (records → rows: the numbers),
+`render` (rows → markdown/CSV/PNG), `published` (papers' tables, `published.json`), `sweep_callback` (the Hydra
+callback that builds the table at the end of every multirun). Kept light at import: Hydra instantiates the sweep
+callback in every process, so heavy modules load only when used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["build_leaderboard", "log_to_wandb"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from lra_bench.leaderboard import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'lra_bench.leaderboard' has no attribute {name!r}")
