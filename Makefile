@@ -42,7 +42,7 @@ format: $(STAMP)  ## ruff format + import sort
 	$(VENV)/bin/ruff check --fix .
 
 data: $(STAMP)  ## check/prepare a task's data: make data TASK=listops
-	$(PY) -m tasks.prepare task=$(or $(TASK),listops)
+	$(PY) -m lra_bench.prepare task=$(or $(TASK),listops)
 
 # --- attention benchmark, approximation study, docs/results.md ------------------------------------------------
 BENCH_ARGS  ?=

@@ -1,20 +1,24 @@
-"""Build a classifier from plain settings (no Hydra here: `lra_bench` passes resolved dicts)."""
+"""Build a classifier from plain settings (no Hydra and no registry here: the harness passes resolved dicts and
+a factory that makes each block's attention)."""
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
-from models.attention import attention_params, build_attention
 from models.attention.base import Attention
 from models.encoder import Encoder
 from models.heads import Classifier, DualClassifier
-from models.landmarks import build_selector
+
+#: makes the attention of one block: `(layer index, sequence length incl. a CLS token) -> Attention`
+AttentionFactory = Callable[[int, int], Attention]
 
 
 def offset_seed(kwargs: dict[str, Any], layer: int) -> dict[str, Any]:
+    """Seeded components get `seed + 1000·layer`, so layers draw different landmarks/features while a run stays
+    reproducible from its one `seed`."""
     if isinstance(kwargs.get("seed"), int):
         kwargs["seed"] = kwargs["seed"] + 1000 * layer
     return kwargs
@@ -27,33 +31,13 @@ def build_classifier(
     num_classes: int,
     dual: bool,
     model: dict[str, Any],
-    attn: dict[str, Any],
-    selector: dict[str, Any] | None,
+    make_attention: AttentionFactory,
 ) -> nn.Module:
     """`model`: dim, depth, num_heads, head_dim, ffn_dim, dropout, pooling, head_hidden, interaction.
-    `attn`/`selector`: the config nodes (with `name`) of the attention and its selector (or None)."""
+    `make_attention` is called once per block, in order (every block gets its own instance: selectors may hold
+    per-layer state, e.g. GPA's codebook)."""
     num_heads, head_dim = int(model["num_heads"]), int(model["head_dim"])
-    attn_name = attn["name"]
-    params = attention_params(attn_name, attn)
-
-    layer = itertools.count()
-
-    def make_attention(total_len: int) -> Attention:
-        """Called once per block, in order. Seeded components get `seed + 1000·layer` so layers draw
-        different landmarks/features while a run stays reproducible from its one `seed`."""
-        index = next(layer)
-        sel = None
-        if selector is not None:
-            sel_kwargs = offset_seed({k: v for k, v in selector.items() if k != "name"}, index)
-            sel = build_selector(selector["name"], **sel_kwargs)
-        return build_attention(
-            attn_name,
-            head_dim=head_dim,
-            num_heads=num_heads,
-            seq_len=total_len,
-            selector=sel,
-            **offset_seed(dict(params), index),
-        )
+    layers = iter(range(int(model["depth"])))
 
     encoder = Encoder(
         vocab_size=vocab_size,
@@ -63,7 +47,7 @@ def build_classifier(
         num_heads=num_heads,
         head_dim=head_dim,
         ffn_dim=int(model["ffn_dim"]),
-        attention_factory=make_attention,
+        attention_factory=lambda total_len: make_attention(next(layers), total_len),
         dropout=float(model.get("dropout", 0.1)),
         pooling=str(model.get("pooling", "mean")),
     )

@@ -1,4 +1,5 @@
-"""LRA tasks: sources, tokenizers, generators and Lightning data modules.
+"""LRA tasks: sources, tokenizers, generators and Lightning data modules (one `LRADataModule` subclass per task,
+with its own `name` and `config`, discovered by `lra_bench.registry`).
 
-`tasks` never imports `models` or `lra_bench`. Importing `tasks.registry.load_all()` registers every task.
+`tasks` never imports `models` or `lra_bench`.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytorch_lightning as pl
@@ -104,7 +104,10 @@ class ResumableDataLoader(DataLoader):
 class LRADataModule(pl.LightningDataModule):
     """Base data module. `cfg` is the task config node as a plain dict (see the task's schema dataclass)."""
 
-    task_name: str = ""
+    #: the `task=` option name; a class with its own `name` is discovered by `lra_bench.registry`
+    name: ClassVar[str] = ""  # type: ignore[assignment]  (LightningDataModule.name is informational)
+    #: the config dataclass (the task node's schema)
+    config: ClassVar[type | None] = None
     dual: bool = False
     tokenizer_version: str = ""
 
@@ -146,7 +149,7 @@ class LRADataModule(pl.LightningDataModule):
 
     def cache_params(self) -> dict[str, Any]:
         """Every preprocessing parameter (source paths included): any change gives a new cache."""
-        return {"task": self.task_name, "tokenizer": self.tokenizer_version, **self.cfg}
+        return {"task": self.name, "tokenizer": self.tokenizer_version, **self.cfg}
 
     def ensure_source(self) -> None:
         """Check (or generate) the raw source; raise `DataSourceError` if missing. Called on every
@@ -169,7 +172,7 @@ class LRADataModule(pl.LightningDataModule):
     # -- caching ---------------------------------------------------------------------------------------
     @property
     def cache_path(self):
-        return cache.cache_path(self.cache_dir, self.task_name, self.cache_params())
+        return cache.cache_path(self.cache_dir, self.name, self.cache_params())
 
     def prepare_data(self) -> None:
         self.ensure_source()  # cheap when the source is in place; may (re)generate it
@@ -178,7 +181,7 @@ class LRADataModule(pl.LightningDataModule):
         start = time.perf_counter()
         built = {split: cache.arrays_to_dataset(self.build_split(split)) for split in SPLITS}
         cache.save_splits(self.cache_path, built, self.cache_params())
-        print(f"[{self.task_name}] cached tokenized splits in {self.cache_path} ({time.perf_counter() - start:.1f}s)")
+        print(f"[{self.name}] cached tokenized splits in {self.cache_path} ({time.perf_counter() - start:.1f}s)")
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:

@@ -35,7 +35,6 @@ import torch
 from tasks import cache
 from tasks.base import SPLITS, LRADataModule
 from tasks.layout import DataSourceError, candidates, find_release_path
-from tasks.registry import register_task
 from tasks.sources import (
     MissingSourceError,
     hf_hint,
@@ -170,8 +169,10 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- the data module ------------------------------------------------------------------------------------
-@register_task("image", config=ImageConfig)
 class ImageDataModule(LRADataModule):
+    name = "image"
+    config = ImageConfig
+
     tokenizer_version = TOKENIZER_VERSION
 
     def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:

@@ -18,7 +18,6 @@ import numpy as np
 from tasks.base import SPLITS, LRADataModule
 from tasks.generate import listops as generator
 from tasks.layout import DataSourceError, candidates, find_release_path
-from tasks.registry import register_task
 from tasks.tokenizers import ListOpsTokenizer, pad_truncate
 
 RELATIVE_DIR = "listops-1000"
@@ -72,8 +71,10 @@ def read_listops_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     return sources, np.asarray(labels, dtype=np.int64)
 
 
-@register_task("listops", config=ListOpsConfig)
 class ListOpsDataModule(LRADataModule):
+    name = "listops"
+    config = ListOpsConfig
+
     tokenizer_version = ListOpsTokenizer.version
 
     def files(self) -> dict[str, Path] | None:

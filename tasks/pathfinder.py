@@ -44,7 +44,6 @@ from PIL import Image
 from tasks import cache
 from tasks.base import SPLITS, LRADataModule
 from tasks.layout import DataSourceError, candidates
-from tasks.registry import register_task
 from tasks.sources import MissingSourceError, source_error
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -189,8 +188,10 @@ def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float) 
 
 
 # -- the data module ------------------------------------------------------------------------------------
-@register_task("pathfinder", config=PathfinderConfig)
 class PathfinderDataModule(LRADataModule):
+    name = "pathfinder"
+    config = PathfinderConfig
+
     tokenizer_version = TOKENIZER_VERSION
 
     def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:
@@ -256,7 +257,7 @@ class PathfinderDataModule(LRADataModule):
             else [str(p) for p in candidates(self.data_dir, self.relative)]
         )
         return source_error(
-            f"{self.task_name} ({self.relative})",
+            f"{self.name} ({self.relative})",
             [f"{p}/{{metadata/<k>.npy, imgs/<k>/sample_<i>.png}}" for p in expected],
             archive=(
                 "https://storage.googleapis.com/long-range-arena/lra_release.gz (a gzipped tar, ~8 GB): "
@@ -286,11 +287,11 @@ class PathfinderDataModule(LRADataModule):
         root = self.root()
         if root is not None and self.stale_generated(root):
             if self.cfg["generate_if_missing"]:
-                print(f"[{self.task_name}] {root} was generated with other generator settings: regenerating")
+                print(f"[{self.name}] {root} was generated with other generator settings: regenerating")
                 shutil.rmtree(root)  # only ever a folder our generator wrote (it carries our marker)
                 self._listing = None
             else:
-                print(f"[{self.task_name}] warning: {root} was generated with other generator settings; using it")
+                print(f"[{self.name}] warning: {root} was generated with other generator settings; using it")
         if self.root() is None:
             if self.cfg["folder"] != "auto":
                 raise self.missing_error(f"task.folder={self.cfg['folder']} has no metadata/ folder")
@@ -312,7 +313,7 @@ class PathfinderDataModule(LRADataModule):
         c = self.cfg
         workers = int(c["gen_workers"]) or (os.cpu_count() or 1)
         print(
-            f"[{self.task_name}] no {self.relative} under {self.data_dir}: generating {c['gen_num_images']} images "
+            f"[{self.name}] no {self.relative} under {self.data_dir}: generating {c['gen_num_images']} images "
             f"with tasks.generate.pathfinder (seed {c['gen_seed']}, {workers} workers) — once; later runs reuse them"
         )
         root = generator.generate(
@@ -348,7 +349,7 @@ class PathfinderDataModule(LRADataModule):
             ]
         skip = {"pixel0_is_padding", "build_workers", "folder", "generate_if_missing"}
         keep = {k: v for k, v in self.cfg.items() if k not in skip and not k.startswith("gen_")}
-        return {"task": self.task_name, "tokenizer": self.tokenizer_version, "source": stamp, **keep}
+        return {"task": self.name, "tokenizer": self.tokenizer_version, "source": stamp, **keep}
 
     def decode(self, paths: list[str]) -> np.ndarray:
         workers = int(self.cfg["build_workers"]) or (os.cpu_count() or 1)

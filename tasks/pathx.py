@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tasks.pathfinder import PathfinderConfig, PathfinderDataModule
-from tasks.registry import register_task
 
 
 @dataclass
@@ -26,6 +25,8 @@ class PathXConfig(PathfinderConfig):
     generate_if_missing: bool = False
 
 
-@register_task("pathx", config=PathXConfig)
 class PathXDataModule(PathfinderDataModule):
     """Path-X: the Pathfinder data module at 128 px."""
+
+    name = "pathx"
+    config = PathXConfig

@@ -21,7 +21,6 @@ import numpy as np
 
 from tasks.base import SPLITS, LRADataModule
 from tasks.layout import DataSourceError, candidates, find_release_path
-from tasks.registry import register_task
 from tasks.sources import pack_bytes, path_stamp, source_error
 from tasks.tokenizers import ByteTokenizer
 
@@ -98,8 +97,10 @@ def read_aan_tsv(path: Path, max_length: int, seq_len: int) -> dict[str, np.ndar
     return {"input_ids": ids1, "length": len1, "input_ids_2": ids2, "length_2": len2, "label": lab}
 
 
-@register_task("retrieval", config=RetrievalConfig)
 class RetrievalDataModule(LRADataModule):
+    name = "retrieval"
+    config = RetrievalConfig
+
     dual = True
     tokenizer_version = ByteTokenizer.version
 

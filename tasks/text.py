@@ -29,7 +29,6 @@ import numpy as np
 from tasks import cache
 from tasks.base import SPLITS, LRADataModule
 from tasks.layout import DataSourceError
-from tasks.registry import register_task
 from tasks.sources import (
     MissingSourceError,
     hf_hint,
@@ -110,8 +109,10 @@ def holdout_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
-@register_task("text", config=TextConfig)
 class TextDataModule(LRADataModule):
+    name = "text"
+    config = TextConfig
+
     tokenizer_version = ByteTokenizer.version
 
     def __init__(self, cfg: Any, *args: Any, **kwargs: Any) -> None:

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from models.attention import build_attention, list_attentions
+from lra_bench.registry import ATTENTIONS, build_attention, build_selector
 from models.attention.numerics import iterative_pinv
-from models.landmarks import build_selector
 
 
 def qkv(b=2, h=2, n=16, d=8, seed=0):
@@ -141,8 +140,8 @@ def test_gradients_are_finite(name: str) -> None:
 
 
 def test_registry_errors_name_the_valid_choices() -> None:
-    with pytest.raises(KeyError, match="attn='nope' is not a known attention; valid: .*full.*nystrom"):
+    with pytest.raises(KeyError, match="attn='nope' is not known; valid: .*full.*nystrom"):
         build_attention("nope", head_dim=8, num_heads=2, seq_len=16)
-    assert {"full", "nystrom"} <= set(list_attentions())
+    assert {"full", "nystrom"} <= set(ATTENTIONS.names())
     with pytest.raises(ValueError, match="takes no selector"):
         build_attention("full", head_dim=8, num_heads=2, seq_len=16, selector=build_selector("segment_means"))

@@ -119,7 +119,7 @@ def test_tiny_sweep_in_process(tmp_path: Path) -> None:
 
 def test_every_registered_attention_is_swept(tmp_path: Path) -> None:
     """The sweep iterates the registry: every attention appears, and no configuration crashes the run."""
-    from models.attention import list_attentions
+    from lra_bench.registry import ATTENTIONS
 
     data = run_bench(
         tmp_path,
@@ -134,7 +134,7 @@ def test_every_registered_attention_is_swept(tmp_path: Path) -> None:
             "plots=false",
         ],
     )
-    assert {r["attn"] for r in data["rows"]} == set(list_attentions())
+    assert {r["attn"] for r in data["rows"]} == set(ATTENTIONS.names())
 
 
 def test_budget_skip_and_errors_do_not_stop_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,8 +210,7 @@ def test_flops_agree_with_flop_counter_for_plain_matmul_methods() -> None:
     """For a method built only of matmuls the hand count equals torch's FlopCounterMode."""
     from lra_bench.bench.costs import attention_flops
     from lra_bench.bench.worker import count_flops
-    from models.attention import build_attention
-    from models.landmarks import build_selector
+    from lra_bench.registry import build_attention, build_selector
 
     n, m, d = 128, 16, 8
     att = build_attention(

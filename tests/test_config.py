@@ -8,9 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lra_bench.config.validate import ConfigError, validate
-from models.attention import attention_entry, list_attentions
-from models.landmarks import list_selectors
-from tasks.registry import list_tasks
+from lra_bench.registry import ATTENTIONS, SELECTORS, TASKS
 from tests.conftest import CONF, compose
 
 
@@ -19,16 +17,16 @@ def options(group: str) -> list[str]:
 
 
 def test_yaml_options_and_registries_agree() -> None:
-    assert options("attn") == list_attentions()
-    assert options("selector") == sorted([*list_selectors(), "none"])
-    assert set(options("task")) == set(list_tasks())
+    assert options("attn") == ATTENTIONS.names()
+    assert options("selector") == sorted([*SELECTORS.names(), "none"])
+    assert set(options("task")) == set(TASKS.names())
 
 
 @pytest.mark.parametrize("attn", options("attn"))
 def test_every_attention_composes_and_validates(attn: str) -> None:
     cfg = compose([f"attn={attn}"])
     assert cfg.attn.name == attn
-    takes = attention_entry(attn)[0].takes_selector
+    takes = ATTENTIONS.get(attn).takes_selector
     assert (cfg.selector.name != "none") == takes, "landmark attentions bring their paper's selector"
     validate(cfg)
 
@@ -82,22 +80,32 @@ def test_misspelt_key_fails_at_compose_time() -> None:
 
 
 def test_schema_rejects_a_misspelt_key_inside_an_option_file(tmp_path: Path) -> None:
-    """A YAML option carrying a key its schema lacks fails when composed (not silently ignored)."""
+    """A YAML option carrying a key its component's schema lacks fails before anything is built (one line naming
+    the key and the valid ones), not silently ignored."""
     import shutil
 
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import ConfigCompositionException
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
-    (conf / "attn" / "typo.yaml").write_text("defaults:\n  - schema_nystrom\nnum_landmrks: 8\n")
+    nystrom = (conf / "attn" / "nystrom.yaml").read_text()
+    (conf / "attn" / "typo.yaml").write_text(nystrom + "num_landmrks: 8\n")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        with pytest.raises(ConfigCompositionException):
-            hydra_compose("config", overrides=["attn=typo"])
+        cfg = hydra_compose("config", overrides=["attn=typo"])
     GlobalHydra.instance().clear()
+    with pytest.raises(ConfigError, match=r"^attn\.num_landmrks: .*attn=nystrom takes: name, num_landmarks"):
+        validate(cfg)
+
+
+def test_schema_checks_types_and_converts() -> None:
+    with pytest.raises(ConfigError, match=r"^attn\.pinv_iterations: .*'abc'"):
+        validate(compose(["attn=nystrom", "attn.pinv_iterations=abc"]))
+    cfg = compose(["attn=nystrom", "attn.pinv_iterations='7'"])
+    validate(cfg)
+    assert cfg.attn.pinv_iterations == 7 and isinstance(cfg.attn.pinv_iterations, int)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import lra_bench.run.train as train_module
 from lra_bench.diagnostics.callback import DiagnosticsCallback, build_probe
 from lra_bench.diagnostics.metrics import block_coherence, eckart_young_floor, head_metrics, singular_values
 from lra_bench.record import results
-from models.build import build_classifier
+from lra_bench.run.build import build_network as build_classifier
 from tests.conftest import TINY_LISTOPS, compose, run_cli
 
 

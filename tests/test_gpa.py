@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from models.attention import build_attention
-from models.build import build_classifier
-from models.landmarks import build_selector
+from lra_bench.registry import build_attention, build_selector
+from lra_bench.run.build import build_network as build_classifier
 from models.landmarks.kmeans import KMeansSelector
 
 B, H, N, D = 2, 2, 32, 8

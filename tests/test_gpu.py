@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import attention_entry, list_attentions
-from models.build import build_classifier
+from lra_bench.registry import ATTENTIONS
+from lra_bench.run.build import build_network as build_classifier
 
 pytestmark = [
     pytest.mark.gpu,
@@ -19,10 +19,10 @@ def default_selector(name: str) -> dict | None:
     from tests.conftest import compose
 
     cfg = compose([f"attn={name}"])
-    return dict(cfg.selector) if attention_entry(name)[0].takes_selector else None
+    return dict(cfg.selector) if ATTENTIONS.get(name).takes_selector else None
 
 
-@pytest.mark.parametrize("name", list_attentions())
+@pytest.mark.parametrize("name", ATTENTIONS.names())
 def test_bf16_training_step_is_finite(name: str) -> None:
     from tests.conftest import compose
 
@@ -52,7 +52,7 @@ def test_bf16_training_step_is_finite(name: str) -> None:
 def test_full_matches_flash_kernel() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from models.attention import build_attention
+    from lra_bench.registry import build_attention
 
     q, k, v = (torch.randn(4, 2, 2048, 32, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     attn = build_attention("full", head_dim=32, num_heads=2, seq_len=2048)

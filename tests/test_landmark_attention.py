@@ -9,14 +9,12 @@ import warnings
 import pytest
 import torch
 
-from models.attention import build_attention, list_attentions
-from models.attention.registry import attention_entry
-from models.landmarks import build_selector, list_selectors, selector_class
+from lra_bench.registry import ATTENTIONS, SELECTORS, build_attention, build_selector
 
 B, H, D = 2, 2, 8
-SELECTORS = list_selectors()
-LANDMARK_ATTNS = [a for a in list_attentions() if attention_entry(a)[0].takes_selector]
-PLAIN_ATTNS = [a for a in list_attentions() if not attention_entry(a)[0].takes_selector]
+SELECTOR_NAMES = SELECTORS.names()
+LANDMARK_ATTNS = [a for a in ATTENTIONS.names() if ATTENTIONS.get(a).takes_selector]
+PLAIN_ATTNS = [a for a in ATTENTIONS.names() if not ATTENTIONS.get(a).takes_selector]
 #: small settings so that every method is a real approximation at N ≈ 32
 SMALL = {
     "nystrom": {"num_landmarks": 6, "conv_kernel": 0},
@@ -32,8 +30,8 @@ SMALL = {
 def pairs() -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
     for attn in LANDMARK_ATTNS:
-        needs_tokens = getattr(attention_entry(attn)[0], "needs_token_landmarks", False)
-        out += [(attn, s) for s in SELECTORS if not needs_tokens or selector_class(s).token_landmarks]
+        needs_tokens = getattr(ATTENTIONS.get(attn), "needs_token_landmarks", False)
+        out += [(attn, s) for s in SELECTOR_NAMES if not needs_tokens or SELECTORS.get(s).token_landmarks]
     return out + [(attn, None) for attn in PLAIN_ATTNS]
 
 
@@ -120,7 +118,7 @@ def well_conditioned(n: int, seed: int = 0):
     return q, q.clone(), v
 
 
-@pytest.mark.parametrize("selector", SELECTORS)
+@pytest.mark.parametrize("selector", SELECTOR_NAMES)
 def test_nystrom_with_every_token_is_exact(selector: str) -> None:
     n = 12
     kw = {"refresh_every": 1} if selector == "gpa" else {}
@@ -207,7 +205,7 @@ def test_full_implied_matrix_is_softmax() -> None:
 def mean_error(attn: str, selector: str, m: int, q, k, seeds: int) -> float:
     errs = []
     for seed in range(seeds):
-        skw = {"seed": seed} if "seed" in selector_class(selector).config.__dataclass_fields__ else {}
+        skw = {"seed": seed} if "seed" in SELECTORS.config(selector).__dataclass_fields__ else {}
         if selector == "gpa":
             skw["refresh_every"] = 1
         module = make(attn, selector, seq_len=q.shape[-2], num_landmarks=m, selector_kw=skw).eval()
@@ -226,7 +224,7 @@ def mean_error(attn: str, selector: str, m: int, q, k, seeds: int) -> float:
 def test_error_does_not_grow_with_m(attn: str, selector: str) -> None:
     n = 32
     q, k, _ = qkv(n, seed=7)
-    seeded = "seed" in selector_class(selector).config.__dataclass_fields__
+    seeded = "seed" in SELECTORS.config(selector).__dataclass_fields__
     errors = [mean_error(attn, selector, m, q, k, seeds=3 if seeded else 1) for m in (4, 8, 16, 32)]
     for small, large in zip(errors, errors[1:]):
         assert large <= small * 1.1 + 1e-3, f"{attn}/{selector}: error grew with m: {errors}"
@@ -259,7 +257,7 @@ def test_sweep_composition_rule(attn: str, selector: str) -> None:
     from tests.conftest import compose
 
     cfg = compose([f"attn={attn}", f"selector={selector}"])
-    if attn == "pivoted" and not selector_class(selector).token_landmarks:
+    if attn == "pivoted" and not SELECTORS.get(selector).token_landmarks:
         with pytest.raises(ConfigError, match="needs token landmarks") as err:
             validate(cfg)
         assert "\n" not in str(err.value)

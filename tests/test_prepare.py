@@ -1,4 +1,4 @@
-"""`python -m tasks.prepare task=<t> data_dir=...`: builds the cache a run will find, prints split statistics,
+"""`python -m lra_bench.prepare task=<t> data_dir=...`: builds the cache a run will find, prints split statistics,
 and turns a missing source into one error (exit 2) with the three ways to get the data."""
 
 from __future__ import annotations
@@ -9,15 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from tasks import prepare
-from tasks.registry import task_entry
+from lra_bench import prepare
 from tests.conftest import REPO, compose
 from tests.test_tasks_pathfinder import write_pathfinder
 from tests.test_tasks_text import write_aclimdb
-
-TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 
 
 def test_cli_builds_cache_and_prints_statistics(tmp_path: Path) -> None:
@@ -27,7 +23,7 @@ def test_cli_builds_cache_and_prints_statistics(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tasks.prepare",
+            "lra_bench.prepare",
             "task=text",
             f"data_dir={tmp_path / 'data'}",
             "task.max_length=64",
@@ -74,37 +70,21 @@ def test_pathfinder_report_counts_empty_pngs(tmp_path: Path, capsys: pytest.Capt
 
 def test_protocol_task_settings_reach_the_cache(tmp_path: Path) -> None:
     write_aclimdb(tmp_path / "data")
-    report = prepare.prepare("text", str(tmp_path / "data"), overrides=[], protocol="lra_original")
+    report = prepare.prepare(compose(["task=text", "protocol=lra_original", f"data_dir={tmp_path / 'data'}"]))
     assert report["data_info"]["text_length"] == 1000 and report["data_info"]["seq_len"] == 1024
-
-
-@pytest.mark.parametrize("protocol", [None, "lra_original"])
-@pytest.mark.parametrize("task", TASKS)
-def test_same_task_config_as_a_run(task: str, protocol: str | None, tmp_path: Path) -> None:
-    """prepare's task node = the composed run's, so the cache it builds is the one the run looks up."""
-    overrides = [f"task={task}"] + ([f"protocol={protocol}"] if protocol else [])
-    composed = OmegaConf.to_container(compose(overrides).task, resolve=True)
-    mine = prepare.task_config(task, [], protocol)
-    assert {k: getattr(v, "value", v) for k, v in mine.items()} == {
-        k: getattr(v, "value", v) for k, v in composed.items()
-    }
-    cls, _ = task_entry(task)
-    a = cls(mine, data_dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
-    b = cls(composed, data_dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
-    assert a.cache_path == b.cache_path
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["data_dir=x"], "task=<name> is required"),
-        (["task=text", "epochs=3"], "unknown key"),
-        (["task=nope"], "not a known task"),
-        (["task=text", "protocol=nope"], "valid: lra_original, nystromformer"),
+        (["task=text", "epochs=3"], "epochs"),
+        (["task=nope"], "task/nope"),
+        (["task=text", "protocol=nope"], "protocol/nope"),
         (["task=text", "task.no_such_field=1"], "no_such_field"),
         (["task=text", "task.val_split=bad"], "holdout"),
     ],
 )
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert prepare.main([*argv, f"cache_dir={tmp_path}"] if "data_dir=x" not in argv else argv) == 2
-    assert message in capsys.readouterr().err
+    assert prepare.main([*argv, f"data_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lra_bench.config.validate import validate
-from tasks.registry import task_entry
+from lra_bench.registry import TASKS as TASK_REGISTRY
 from tests.conftest import CONF, compose
 
 PROTOCOLS = ("nystromformer", "skyformer", "lra_original")
@@ -46,7 +46,7 @@ def test_recipe_keys_are_known(protocol: str, task: str) -> None:
     """A misspelt key in a recipe would silently add a new key (model/optim/data are plain dicts)."""
     base = OmegaConf.load(CONF / "config.yaml")
     trainer = OmegaConf.load(CONF / "trainer" / "default.yaml")
-    task_fields = {f.name for f in fields(task_entry(task)[1])}
+    task_fields = {f.name for f in fields(TASK_REGISTRY.config(task))}
     for key in flatten(recipe(protocol, task)):
         section, _, rest = key.partition(".")
         assert section in RECIPE_SECTIONS, f"{protocol}_{task}.yaml: unexpected section {section!r}"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.landmarks import build_selector, list_selectors, selector_class
+from lra_bench.registry import SELECTORS, build_selector
 from models.landmarks.base import gather_tokens
 from models.landmarks.leverage import ridge_leverage
 from models.landmarks.pivoted_qr import greedy_pivots
 
-SELECTORS = list_selectors()
-TOKEN_SELECTORS = [n for n in SELECTORS if selector_class(n).token_landmarks]
+SELECTOR_NAMES = SELECTORS.names()
+TOKEN_SELECTORS = [n for n in SELECTOR_NAMES if SELECTORS.get(n).token_landmarks]
 B, H, N, D, M = 2, 2, 24, 8, 6
 
 
@@ -26,7 +26,7 @@ def padded_mask(n: int = N, real: int = 15) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.parametrize("name", SELECTORS)
+@pytest.mark.parametrize("name", SELECTOR_NAMES)
 def test_shapes_validity_and_pads(name: str) -> None:
     sel = build_selector(name)
     q, k = inputs()
@@ -48,7 +48,7 @@ def test_shapes_validity_and_pads(name: str) -> None:
         assert torch.equal(lm.queries, gather_tokens(q, lm.indices))
 
 
-@pytest.mark.parametrize("name", SELECTORS)
+@pytest.mark.parametrize("name", SELECTOR_NAMES)
 def test_fewer_real_tokens_than_landmarks(name: str) -> None:
     sel = build_selector(name)
     q, k = inputs()
@@ -59,7 +59,7 @@ def test_fewer_real_tokens_than_landmarks(name: str) -> None:
     assert torch.isfinite(lm.queries).all() and torch.isfinite(lm.keys).all()
 
 
-@pytest.mark.parametrize("name", SELECTORS)
+@pytest.mark.parametrize("name", SELECTOR_NAMES)
 @pytest.mark.parametrize("training", [True, False])
 def test_global_rng_untouched(name: str, training: bool) -> None:
     sel = build_selector(name).train(training)
@@ -69,7 +69,7 @@ def test_global_rng_untouched(name: str, training: bool) -> None:
     assert torch.equal(before, torch.get_rng_state())
 
 
-@pytest.mark.parametrize("name", SELECTORS)
+@pytest.mark.parametrize("name", SELECTOR_NAMES)
 def test_eval_landmarks_ignore_padding_and_batch_position(name: str) -> None:
     sel = build_selector(name).eval()
     q, k = inputs(n=16)

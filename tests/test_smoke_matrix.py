@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from models.attention import list_attentions
+from lra_bench.registry import ATTENTIONS
 from tasks.generate import listops as listops_generator
 from tests.conftest import TINY_LISTOPS, run_cli
 from tests.test_tasks_image import write_cifar_pickles
@@ -62,7 +62,7 @@ GROUPS: dict[str, tuple[tuple[str, ...], Callable[[Path], list[str]]]] = {
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_tasks_train_with_every_attention(group: str, tmp_path: Path) -> None:
     tasks, write = GROUPS[group]
-    attns = [a for a in ATTNS if a in list_attentions()]
+    attns = [a for a in ATTNS if a in ATTENTIONS.names()]
     data = tmp_path / "data"
     data.mkdir()
     task_args = write(data)

@@ -129,7 +129,7 @@ def test_pathx_either_nesting(tmp_path: Path, nesting: str) -> None:
     write_pathfinder(tmp_path / "data" / nesting, res=128, per_folder=5, folders=2)
     dm = make_dm(tmp_path / "data", tmp_path, PathXDataModule, PathXConfig)
     dm.setup()
-    assert dm.task_name == "pathx" and dm.seq_len == 128 * 128
+    assert dm.name == "pathx" and dm.seq_len == 128 * 128
     assert sum(len(dm.splits[s]) for s in ("train", "val", "test")) == 10
     t = dm.splits["train"].table
     assert np.asarray(t["input_ids"]).shape[1] == 16384

@@ -44,22 +44,21 @@ class Method:
 def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Method]:
     """Selector group (every registered selector, or the configured list) and attention group."""
     from lra_bench.bench.variants import attn_params, default_selector, selector_params
-    from models.attention import attention_entry, list_attentions
-    from models.landmarks import list_selectors
+    from lra_bench.registry import ATTENTIONS, SELECTORS
 
     keys = list(settings["landmark_keys"])
     out: list[Method] = []
     op = str(settings["operator"])
     op_params = {**attn_params(op, context), **dict(settings.get("operator_params") or {})}
     op_key = next((k for k in keys if k in op_params), None)
-    sels = list_selectors() if settings["selectors"] in ("all", None) else list(settings["selectors"])
+    sels = SELECTORS.names() if settings["selectors"] in ("all", None) else list(settings["selectors"])
     for sel in sels:
         out.append(Method(sel, "selector", op, sel, op_params, selector_params(sel, context), op_key))
-    names = list_attentions() if settings["attns"] in ("all", None) else list(settings["attns"])
+    names = ATTENTIONS.names() if settings["attns"] in ("all", None) else list(settings["attns"])
     for name in names:
         if name == "full":
             continue
-        cls, _ = attention_entry(name)
+        cls = ATTENTIONS.get(name)
         params = attn_params(name, context)
         sel = default_selector(name) if cls.takes_selector else None
         label = name + (f"/{sel}" if sel else "")
@@ -73,8 +72,7 @@ def _with_seed(params: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def build(method: Method, n: int, d: int, m: int | None, seed: int) -> torch.nn.Module:
-    from models.attention import build_attention
-    from models.landmarks import build_selector
+    from lra_bench.registry import build_attention, build_selector
 
     params = _with_seed(method.attn_params, seed)
     if method.m_key is not None and m is not None:

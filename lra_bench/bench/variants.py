@@ -1,21 +1,20 @@
 """Which operators the bench sweeps: every registered attention (never a hard-coded list) at its paper
-defaults, read from `conf/attn/<name>.yaml` — the same defaults `run.py attn=<name>` gets — including the
-selector it brings, plus any extra selectors asked for, at each landmark count m for attentions whose schema
+defaults, composed from the config tree exactly as `run.py attn=<name>` gets them — including the selector it
+brings, plus any extra selectors asked for, at each landmark count m for attentions whose schema
 has a landmark-count field. References (`lra_bench.bench.references`) are added by name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from lra_bench.bench.references import REFERENCES
-from lra_bench.record.provenance import REPO_ROOT
-
-CONF = REPO_ROOT / "conf"
+from lra_bench.config.compose import compose_config
+from lra_bench.registry import ATTENTIONS, SELECTORS
 
 
 @dataclass
@@ -41,65 +40,35 @@ class Variant:
         return "/".join(parts)
 
 
-def _yaml_node(path: Path, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
-    """A group option's own keys and its defaults list; ({}, []) when the file is missing.
+@functools.cache
+def _composed(attn: str | None, selector: str | None, seed: int) -> dict[str, Any]:
+    """The `attn` and `selector` nodes `run.py attn=<attn> [selector=<selector>] seed=<seed>` would get."""
+    overrides = [f"seed={seed}"] + ([f"attn={attn}"] if attn else []) + ([f"selector={selector}"] if selector else [])
+    cfg = compose_config(overrides)
+    return {
+        "attn": OmegaConf.to_container(cfg.attn, resolve=True),
+        "selector": OmegaConf.to_container(cfg.selector, resolve=True),
+    }
 
-    Interpolations are resolved against `context` (the run-level keys an option may refer to, e.g.
-    `seed: ${seed}`); a key whose interpolation cannot be resolved here is left out (the schema default
-    applies)."""
-    if not path.exists():
-        return {}, []
-    raw = OmegaConf.load(path)
-    defaults = OmegaConf.to_container(raw.get("defaults", []) or [], resolve=False)
-    root = OmegaConf.create({**(context or {}), "_node": raw})
-    node: dict[str, Any] = {}
-    for key in raw:
-        if key == "defaults":
-            continue
-        try:
-            value = root._node[key]
-            node[str(key)] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-        except Exception:
-            continue
-    return node, list(defaults)  # type: ignore[arg-type]
+
+def _seed(context: dict[str, Any] | None) -> int:
+    return int((context or {}).get("seed", 0))
 
 
 def default_selector(attn: str) -> str | None:
-    """The selector `conf/attn/<attn>.yaml` overrides `selector` with (its paper's choice), if any."""
-    _, defaults = _yaml_node(CONF / "attn" / f"{attn}.yaml")
-    for entry in defaults:
-        if isinstance(entry, dict):
-            for key, value in entry.items():
-                if "selector" in str(key) and value not in (None, "none"):
-                    return str(value)
-    return None
+    """The selector `conf/attn/<attn>.yaml` brings (its paper's choice), if any."""
+    name = _composed(attn, None, 0)["selector"]["name"]
+    return None if name in (None, "none") else str(name)
 
 
 def attn_params(attn: str, context: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Constructor kwargs from the schema dataclass defaults overlaid with `conf/attn/<attn>.yaml`."""
-    from models.attention.registry import attention_entry
-
-    _, schema = attention_entry(attn)
-    params = {f.name: f.default for f in fields(schema) if f.name != "name" and _has_default(f)}
-    node, _ = _yaml_node(CONF / "attn" / f"{attn}.yaml", context)
-    params.update({k: v for k, v in node.items() if k in params and k != "name"})
-    return params
+    """The attention's constructor kwargs as a run composes them (`conf/attn/<attn>.yaml`)."""
+    return ATTENTIONS.params(attn, _composed(attn, None, _seed(context))["attn"])
 
 
 def selector_params(selector: str, context: dict[str, Any] | None = None) -> dict[str, Any]:
-    from models.landmarks import selector_class
-
-    schema = selector_class(selector).config
-    params = {f.name: f.default for f in fields(schema) if f.name != "name" and _has_default(f)}
-    node, _ = _yaml_node(CONF / "selector" / f"{selector}.yaml", context)
-    params.update({k: v for k, v in node.items() if k in params and k != "name"})
-    return params
-
-
-def _has_default(f: Any) -> bool:
-    from dataclasses import MISSING
-
-    return f.default is not MISSING
+    """The selector's constructor kwargs as a run composes them (`conf/selector/<selector>.yaml`)."""
+    return SELECTORS.params(selector, _composed(None, selector, _seed(context))["selector"])
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -119,14 +88,12 @@ def build_variants(
     context: dict[str, Any] | None = None,
 ) -> list[Variant]:
     """`attns`: "all" or names; `selectors`: extra selectors ("all" = every registered) for landmark attentions."""
-    from models.attention import attention_entry, list_attentions
-    from models.landmarks import list_selectors
 
-    names = list_attentions() if attns in ("all", None) else _as_list(attns)
-    extra = list_selectors() if selectors == "all" else _as_list(selectors)
+    names = ATTENTIONS.names() if attns in ("all", None) else _as_list(attns)
+    extra = SELECTORS.names() if selectors == "all" else _as_list(selectors)
     out: list[Variant] = []
     for name in names:
-        cls, _ = attention_entry(name)
+        cls = ATTENTIONS.get(name)
         params = attn_params(name, context)
         key = next((k for k in landmark_keys if k in params), None)
         sels: list[str | None] = [None]

@@ -30,8 +30,7 @@ def build_module(spec: dict[str, Any], n: int) -> torch.nn.Module:
     """The operator named by `spec` for sequence length `n` (references or a registry attention)."""
     if spec["kind"] == "reference":
         return SDPAReference(spec["attn"])
-    from models.attention import build_attention
-    from models.landmarks import build_selector
+    from lra_bench.registry import build_attention, build_selector
 
     selector = None
     if spec.get("selector"):

@@ -1,4 +1,6 @@
-"""Everything Hydra needs before composing: schemas in the ConfigStore and our resolvers."""
+"""Everything Hydra needs before composing: our resolvers. Light on purpose (no torch, no Lightning): `run.py
+--help` and `--cfg job` only compose the YAML tree; components' schemas are checked when a run starts
+(`lra_bench.config.validate.check_components`)."""
 
 from __future__ import annotations
 
@@ -42,8 +44,5 @@ def setup() -> None:
     global _DONE
     if _DONE:
         return
-    from lra_bench.config.schema import register_schemas
-
-    register_schemas()
     OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)
     _DONE = True

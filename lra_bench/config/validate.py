@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from models.attention.registry import attention_entry, list_attentions
+from lra_bench.registry import ATTENTIONS, AXES, SELECTORS, UnknownComponent
 from models.encoder import POOLINGS
 from models.heads import INTERACTIONS
-from models.landmarks import list_selectors, selector_class
 
 SCHEDULES = ("linear", "cosine", "constant", "rsqrt")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true")
@@ -34,10 +35,34 @@ def _device_count(devices: object) -> int | None:
     return None  # "auto", -1: known only at run time
 
 
+def check_components(cfg: DictConfig) -> None:
+    """Each component node (`task`, `attn`, `selector`) against its class's config dataclass: an unknown key (a
+    typo in a YAML file or an experiment config) or a value of the wrong type is one line naming the key, the value
+    and the valid keys. The checked values (e.g. "64" → 64 for an int knob) replace the node's."""
+    for axis, registry in AXES.items():
+        node = cfg.get(axis)
+        if node is None or (axis == "selector" and node.get("name") == "none"):
+            continue
+        name = node.get("name")
+        try:
+            schema = registry.config(str(name))
+        except UnknownComponent as err:
+            raise ConfigError(str(err)) from None
+        try:
+            checked = OmegaConf.merge(OmegaConf.structured(schema), node)
+        except OmegaConfBaseException as err:
+            key = f"{axis}.{err.key}" if getattr(err, "key", None) else axis
+            valid = ", ".join(f.name for f in fields(schema))
+            reason = str(err).splitlines()[0]
+            raise ConfigError(f"{key}: {reason} ({axis}={name} takes: {valid})") from None
+        with open_dict(cfg):
+            cfg[axis] = checked
+
+
 def check_selector(cfg: DictConfig) -> None:
-    cls, _ = attention_entry(cfg.attn.name)
+    cls = ATTENTIONS.get(cfg.attn.name)
     selector = cfg.selector.name if cfg.get("selector") else "none"
-    takers = [n for n in list_attentions() if attention_entry(n)[0].takes_selector]
+    takers = [n for n in ATTENTIONS.names() if ATTENTIONS.get(n).takes_selector]
     if not cls.takes_selector and selector != "none":
         raise ConfigError(
             f"selector={selector}: attn={cfg.attn.name} takes no landmark selector; drop selector= or use one of "
@@ -47,8 +72,8 @@ def check_selector(cfg: DictConfig) -> None:
         raise ConfigError(
             f"selector=none: attn={cfg.attn.name} needs a landmark selector (e.g. selector=segment_means)"
         )
-    if getattr(cls, "needs_token_landmarks", False) and not selector_class(selector).token_landmarks:
-        tokens = [n for n in list_selectors() if selector_class(n).token_landmarks]
+    if getattr(cls, "needs_token_landmarks", False) and not SELECTORS.get(selector).token_landmarks:
+        tokens = [n for n in SELECTORS.names() if SELECTORS.get(n).token_landmarks]
         raise ConfigError(
             f"selector={selector}: attn={cfg.attn.name} needs token landmarks (exact columns of A), and {selector} "
             f"returns cluster means; use one of selector={','.join(tokens)}"
@@ -115,6 +140,7 @@ def check_writable(output_dir: str | Path) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
+    check_components(cfg)
     check_selector(cfg)
     check_landmarks(cfg)
     check_batch(cfg)

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
-import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
@@ -25,49 +24,16 @@ from lra_bench.config.validate import check_writable, validate
 from lra_bench.record import results
 from lra_bench.record.provenance import environment
 from lra_bench.run import checkpointing
+from lra_bench.run.build import build_datamodule, build_model, selector_node
 from lra_bench.run.console import print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.loggers import build_loggers, finish_wandb
-from models.attention.registry import attention_entry
-from models.build import build_classifier
-from tasks.registry import task_entry
 
 CHECKPOINT_DIR = "checkpoints"
 
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def build_datamodule(cfg: DictConfig) -> Any:
-    cls, _ = task_entry(cfg.task.name)
-    return cls(
-        OmegaConf.to_container(cfg.task, resolve=True),
-        data_dir=str(cfg.data_dir),
-        cache_dir=str(cfg.cache_dir),
-        batch_size=int(cfg.data.batch_size),
-        eval_batch_size=cfg.data.eval_batch_size,
-        num_workers=int(cfg.data.num_workers),
-        seed=int(cfg.seed),
-    )
-
-
-def selector_node(cfg: DictConfig) -> dict[str, Any] | None:
-    if not attention_entry(cfg.attn.name)[0].takes_selector:
-        return None
-    return OmegaConf.to_container(cfg.selector, resolve=True)  # type: ignore[return-value]
-
-
-def build_model(cfg: DictConfig, dm: Any) -> torch.nn.Module:
-    return build_classifier(
-        vocab_size=dm.vocab_size,
-        seq_len=dm.seq_len,
-        num_classes=dm.num_classes,
-        dual=dm.dual,
-        model=OmegaConf.to_container(cfg.model, resolve=True),  # type: ignore[arg-type]
-        attn=OmegaConf.to_container(cfg.attn, resolve=True),  # type: ignore[arg-type]
-        selector=selector_node(cfg),
-    )
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:

@@ -8,6 +8,8 @@ probe sequences only — no training path may call it.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -17,8 +19,10 @@ class Attention(nn.Module):
 
     #: whether a `selector` is part of this attention's configuration
     takes_selector: bool = False
-    #: registry name, set by `register_attention`
-    registry_name: str = ""
+    #: the `attn=` option name; a class with its own `name` is discovered by `lra_bench.registry`
+    name: ClassVar[str] = ""
+    #: the config dataclass: its fields are the constructor's keyword arguments (plus `name`)
+    config: ClassVar[type | None] = None
 
     def __init__(self, head_dim: int, num_heads: int, seq_len: int) -> None:
         super().__init__()

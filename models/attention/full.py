@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from models.attention.base import Attention
-from models.attention.registry import register_attention
 
 
 @dataclass
@@ -28,8 +27,10 @@ def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask[:, None, None, :]
 
 
-@register_attention("full", config=FullConfig)
 class FullAttention(Attention):
+    name = "full"
+    config = FullConfig
+
     def __init__(self, head_dim: int, num_heads: int, seq_len: int, dropout: float = 0.0) -> None:
         super().__init__(head_dim, num_heads, seq_len)
         self.dropout = dropout

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.attention.nystrom import NystromAttention
-from models.attention.registry import register_attention
 from models.landmarks.base import LandmarkSelector, resolve_num_landmarks
 
 
@@ -38,8 +37,10 @@ class GPAConfig:
     conv_kernel: int = 35
 
 
-@register_attention("gpa", config=GPAConfig)
 class GPAAttention(NystromAttention):
+    name = "gpa"
+    config = GPAConfig
+
     def __init__(
         self,
         head_dim: int,

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from models.attention.base import Attention
-from models.attention.registry import register_attention
 
 
 @dataclass
@@ -26,8 +25,10 @@ class LinformerConfig:
     share_kv: bool = False  # F = E
 
 
-@register_attention("linformer", config=LinformerConfig)
 class LinformerAttention(Attention):
+    name = "linformer"
+    config = LinformerConfig
+
     def __init__(self, head_dim: int, num_heads: int, seq_len: int, proj_dim: int = 256, share_kv: bool = False):
         super().__init__(head_dim, num_heads, seq_len)
         if int(proj_dim) < 1:

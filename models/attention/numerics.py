@@ -61,3 +61,15 @@ def exact_pinv(a: torch.Tensor, rtol: float = 1e-4) -> torch.Tensor:
     Singular values below `rtol·σ₁` are dropped: softmax cores of nearly coincident landmarks are numerically
     singular, and inverting their fp32 noise floor (rtol 1e-6) gave outputs hundreds of times ‖A‖."""
     return torch.linalg.pinv(a.float(), rtol=rtol)
+
+
+def stable_pinv(a: torch.Tensor) -> torch.Tensor:
+    """The stable reference solve every small core can use (Nyström cores, WildCat's r×r kernel, …).
+
+    Interface fixed here; the policy (cut-off / ridge) is documented where it is chosen. Computed in fp32 (fp64
+    when given fp64) under the caller's `fp32_core`. Current policy: SVD pseudo-inverse with torch's default
+    spectrum-relative cut-off max(m, n)·eps·σ₁, which reproduces a matrix covered exactly by its landmarks to
+    float precision.
+    """
+    a = a if a.dtype == torch.float64 else a.float()
+    return torch.linalg.pinv(a)

@@ -19,7 +19,6 @@ from torch import nn
 
 from models.attention.base import Attention
 from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv, masked_softmax
-from models.attention.registry import register_attention
 from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
 
 
@@ -43,8 +42,10 @@ class NystromKernels:
     landmarks: Landmarks
 
 
-@register_attention("nystrom", config=NystromConfig)
 class NystromAttention(Attention):
+    name = "nystrom"
+    config = NystromConfig
+
     takes_selector = True
 
     def __init__(

@@ -18,7 +18,6 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
-from models.attention.registry import register_attention
 
 
 @dataclass
@@ -46,8 +45,10 @@ def gaussian_features(
     return rows * norms
 
 
-@register_attention("performer", config=PerformerConfig)
 class PerformerAttention(Attention):
+    name = "performer"
+    config = PerformerConfig
+
     def __init__(
         self,
         head_dim: int,

@@ -32,7 +32,6 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core, masked_softmax
-from models.attention.registry import register_attention
 from models.landmarks.base import LandmarkSelector, gather_tokens, resolve_num_landmarks
 from models.landmarks.pivoted_qr import sketch_size
 from models.landmarks.uniform import UniformSelector
@@ -80,8 +79,10 @@ class BlockwiseLSE(torch.autograd.Function):
         return grad_q, grad_k, None, None
 
 
-@register_attention("pivoted", config=PivotedConfig)
 class PivotedAttention(Attention):
+    name = "pivoted"
+    config = PivotedConfig
+
     takes_selector = True
     #: C = A[:, J] needs landmarks that are tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True

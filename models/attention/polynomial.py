@@ -27,7 +27,6 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
-from models.attention.registry import register_attention
 
 KINDS = ("homogeneous", "inhomogeneous")
 
@@ -54,8 +53,10 @@ def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tenso
     return index, torch.tensor(weights, dtype=torch.float32)
 
 
-@register_attention("polynomial", config=PolynomialConfig)
 class PolynomialAttention(Attention):
+    name = "polynomial"
+    config = PolynomialConfig
+
     def __init__(
         self,
         head_dim: int,

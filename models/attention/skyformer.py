@@ -20,7 +20,6 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv
-from models.attention.registry import register_attention
 from models.landmarks.base import broadcast_mask, gather_tokens
 from models.landmarks.uniform import UniformSelector, sample_real_tokens
 
@@ -40,8 +39,10 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.exp(-0.5 * sq.clamp_min(0.0))
 
 
-@register_attention("skyformer", config=SkyformerConfig)
 class SkyformerAttention(Attention):
+    name = "skyformer"
+    config = SkyformerConfig
+
     def __init__(
         self,
         head_dim: int,

@@ -39,7 +39,6 @@ from torch import nn
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
-from models.attention.registry import register_attention
 from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
 from models.landmarks.hash import HashSelector
 
@@ -100,8 +99,10 @@ def unit(x: torch.Tensor) -> torch.Tensor:
     return x / (x.norm(dim=-1, keepdim=True) + 1e-6)
 
 
-@register_attention("spectral", config=SpectralConfig)
 class SpectralAttention(Attention):
+    name = "spectral"
+    config = SpectralConfig
+
     takes_selector = True
 
     def __init__(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -71,6 +72,10 @@ def cluster_means(
 class LandmarkSelector(nn.Module):
     """Base class: subclasses implement `select`. Held as a submodule so state (buffers) checkpoints."""
 
+    #: the `selector=` option name; a class with its own `name` is discovered by `lra_bench.registry`
+    name: ClassVar[str] = ""
+    #: the config dataclass: its fields are the constructor's keyword arguments (plus `name`)
+    config: ClassVar[type | None] = None
     #: True when the landmarks are tokens of the sequence (so `Landmarks.indices` is set).
     token_landmarks: bool = False
 

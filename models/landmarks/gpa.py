@@ -43,7 +43,6 @@ from models.landmarks.kmeans import (
     kmeans_landmarks,
     lloyd,
 )
-from models.landmarks.registry import register_selector
 from models.landmarks.segment_means import segment_assignment
 from models.landmarks.uniform import SeededSelector
 
@@ -59,8 +58,10 @@ class GPAConfig:
     seed: int = 0
 
 
-@register_selector("gpa", config=GPAConfig)
 class ProgressiveKMeansSelector(SeededSelector):
+    name = "gpa"
+    config = GPAConfig
+
     randomized = False
 
     def __init__(

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from models.landmarks.base import Landmarks, LandmarkSelector
-from models.landmarks.registry import register_selector
 from models.landmarks.uniform import token_landmarks
 
 
@@ -36,8 +35,10 @@ class HashConfig:
     name: str = "hash"
 
 
-@register_selector("hash", config=HashConfig)
 class HashSelector(LandmarkSelector):
+    name = "hash"
+    config = HashConfig
+
     token_landmarks = True
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from models.landmarks.base import Landmarks, cluster_means, gather_tokens
-from models.landmarks.registry import register_selector
 from models.landmarks.segment_means import segment_assignment
 from models.landmarks.uniform import SeededSelector, weighted_sample
 
@@ -190,8 +189,10 @@ class KMeansConfig:
     seed: int = 0  # for init=random / kmeans++
 
 
-@register_selector("kmeans", config=KMeansConfig)
 class KMeansSelector(SeededSelector):
+    name = "kmeans"
+    config = KMeansConfig
+
     randomized = False  # segment-means init is deterministic; random inits use the seeded generator
 
     def __init__(self, iterations: int = 10, init: str = "segment_means", empty: str = "farthest", seed: int = 0):

@@ -13,7 +13,6 @@ import torch
 
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32, kmeanspp_indices
-from models.landmarks.registry import register_selector
 from models.landmarks.uniform import SeededSelector, token_landmarks
 
 
@@ -23,8 +22,10 @@ class KMeansPPConfig:
     seed: int = 0
 
 
-@register_selector("kmeans_pp", config=KMeansPPConfig)
 class KMeansPPSelector(SeededSelector):
+    name = "kmeans_pp"
+    config = KMeansPPConfig
+
     token_landmarks = True
     randomized = False  # data-driven: D² sampling follows the data
 

@@ -18,7 +18,6 @@ import torch
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32
 from models.landmarks.pivoted_qr import sketch_rows_softmax, sketch_size
-from models.landmarks.registry import register_selector
 from models.landmarks.uniform import SeededSelector, sample_real_tokens, token_landmarks, weighted_sample
 
 
@@ -42,8 +41,10 @@ class LeverageConfig:
     seed: int = 0
 
 
-@register_selector("leverage", config=LeverageConfig)
 class LeverageSelector(SeededSelector):
+    name = "leverage"
+    config = LeverageConfig
+
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 

@@ -20,7 +20,6 @@ import torch
 
 from models.landmarks.base import Landmarks, gather_tokens
 from models.landmarks.kmeans import exact_fp32
-from models.landmarks.registry import register_selector
 from models.landmarks.uniform import SeededSelector, sample_real_tokens, token_landmarks
 
 
@@ -104,8 +103,10 @@ class PivotedQRConfig:
     seed: int = 0  # for the row sketch
 
 
-@register_selector("pivoted_qr", config=PivotedQRConfig)
 class PivotedQRSelector(SeededSelector):
+    name = "pivoted_qr"
+    config = PivotedQRConfig
+
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 

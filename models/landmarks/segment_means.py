@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from models.landmarks.base import Landmarks, LandmarkSelector, cluster_means
-from models.landmarks.registry import register_selector
 
 
 def segment_assignment(mask: torch.Tensor, m: int) -> torch.Tensor:
@@ -30,8 +29,10 @@ class SegmentMeansConfig:
     name: str = "segment_means"
 
 
-@register_selector("segment_means", config=SegmentMeansConfig)
 class SegmentMeans(LandmarkSelector):
+    name = "segment_means"
+    config = SegmentMeansConfig
+
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         assignment = segment_assignment(mask, m).expand(q.shape[:3])
         q_l, counts = cluster_means(q, assignment, mask, m)

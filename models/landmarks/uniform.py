@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from models.landmarks.base import Landmarks, LandmarkSelector, gather_tokens
-from models.landmarks.registry import register_selector
 
 #: added to `seed` for the eval-mode generator, so eval draws differ from the first training draws
 EVAL_SEED_OFFSET = 104_729
@@ -99,8 +98,10 @@ class UniformConfig:
     seed: int = 0
 
 
-@register_selector("uniform", config=UniformConfig)
 class UniformSelector(SeededSelector):
+    name = "uniform"
+    config = UniformConfig
+
     token_landmarks = True
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:

@@ -1,0 +1,41 @@
+"""The config tree composed through Hydra's own compose API — the one way any app of the harness gets a config.
+
+`run.py` composes through `@hydra.main`; everything else that needs "what a run would get" (the data preparer,
+the benchmark's operator defaults, the approximation study's model, evaluation of a checkpoint) calls
+`compose_config(overrides)` on the same `conf/` tree, so no app re-reads YAML files by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from lra_bench.config.setup import setup
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose_config(
+    overrides: Sequence[str] = (), config_name: str = "config", return_hydra_config: bool = False
+) -> DictConfig:
+    """`conf/<config_name>.yaml` with `overrides`, exactly as `python run.py <overrides>` would compose it.
+
+    Inside a running Hydra app (GlobalHydra initialised on this same tree) the app's search path is reused;
+    otherwise the tree is initialised for this call only.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    setup()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+def one_line(err: BaseException) -> str:
+    """Hydra's and OmegaConf's multi-line composition errors as one line (for `error: …`, exit 2)."""
+    text = " ".join(str(err).replace("\t", " ").split())
+    return text.replace("Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", "").strip()

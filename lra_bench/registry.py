@@ -1,0 +1,158 @@
+"""The one registry: attentions, selectors and tasks, discovered from the classes that describe themselves.
+
+A component is a class that derives from its axis' base (`models.attention.base.Attention`,
+`models.landmarks.base.LandmarkSelector`, `tasks.base.LRADataModule`) and sets its own `name` (the option name
+on the command line) and `config` (a dataclass whose fields are its knobs — the constructor's keyword
+arguments — plus `name`). Nothing else registers it: every module of the axis' package is imported and every
+such class in it is an option. So a new attention is one file in `models/attention/` plus one YAML in
+`conf/attn/` (the same for a selector or a task), and `models`/`tasks` need no registry of their own.
+
+Components outside the repository (a user's own attention) are found the same way in the directories listed in
+the environment variable `LRA_BENCH_PLUGINS` (`os.pathsep`-separated): every `*.py` file there is imported and
+each component class in it joins its axis. Their YAML goes into a config dir that Hydra searches
+(`hydra.searchpath=[file:///path/to/conf]`).
+
+Why discovery rather than decorators: one mechanism for three axes in a package that `models` and `tasks` may not
+import (they never import `lra_bench`), and errors that list every valid name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import pkgutil
+import sys
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+PLUGINS_ENV = "LRA_BENCH_PLUGINS"
+
+
+class UnknownComponent(KeyError):
+    """`<axis>=<name>` names no component; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class Registry:
+    """The components of one axis (`attn`, `selector` or `task`), found on first use."""
+
+    def __init__(self, axis: str, base: str, package: str) -> None:
+        self.axis = axis
+        self._base_path = base  # "module:Class", imported lazily: building the CLI must not import torch
+        self.package = package
+        self._components: dict[str, type] | None = None
+
+    @property
+    def base(self) -> type:
+        module, _, cls = self._base_path.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+    # -- discovery ------------------------------------------------------------------------------------------
+    def _discover(self) -> dict[str, type]:
+        if self._components is None:
+            found: dict[str, type] = {}
+            package = importlib.import_module(self.package)
+            for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+                if not info.ispkg and not info.name.startswith("_"):
+                    self._collect(importlib.import_module(f"{self.package}.{info.name}"), found)
+            for module in plugin_modules():
+                self._collect(module, found)
+            self._components = found
+        return self._components
+
+    def _collect(self, module: Any, found: dict[str, type]) -> None:
+        base = self.base
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            name = cls.__dict__.get("name")
+            if not (issubclass(cls, base) and isinstance(name, str) and name):
+                continue
+            if name in found and found[name] is not cls:
+                raise ValueError(
+                    f"{self.axis}={name} is defined twice: "
+                    f"{found[name].__module__}.{found[name].__qualname__} "
+                    f"and {cls.__module__}.{cls.__qualname__}"
+                )
+            if not is_dataclass(cls.__dict__.get("config")):
+                where = f"{cls.__module__}.{cls.__qualname__}"
+                raise TypeError(f"{where} (`{self.axis}={name}`) needs a `config` dataclass")
+            found[name] = cls
+
+    # -- lookup ---------------------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return sorted(self._discover())
+
+    def get(self, name: str) -> type:
+        components = self._discover()
+        if name not in components:
+            raise UnknownComponent(f"{self.axis}={name!r} is not known; valid: {', '.join(sorted(components))}")
+        return components[name]
+
+    def config(self, name: str) -> type:
+        """The component's config dataclass (its schema)."""
+        return self.get(name).config  # type: ignore[attr-defined, no-any-return]
+
+    def params(self, name: str, node: dict[str, Any]) -> dict[str, Any]:
+        """The constructor's keyword arguments in a config node: the schema's fields, minus `name`."""
+        keys = {f.name for f in fields(self.config(name))} - {"name"}
+        return {k: v for k, v in node.items() if k in keys}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._discover()
+
+
+def plugin_dirs() -> list[Path]:
+    return [Path(p).expanduser() for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p.strip()]
+
+
+_PLUGINS: dict[Path, Any] = {}
+
+
+def plugin_modules() -> list[Any]:
+    """Every `*.py` in the `LRA_BENCH_PLUGINS` dirs, imported once (a missing dir is an error naming it)."""
+    modules = []
+    for folder in plugin_dirs():
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{PLUGINS_ENV}: {folder} is not a directory")
+        for path in sorted(folder.glob("*.py")):
+            path = path.resolve()
+            if path not in _PLUGINS:
+                name = f"lra_bench_plugin_{path.stem}"
+                spec = importlib.util.spec_from_file_location(name, path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+                _PLUGINS[path] = module
+            modules.append(_PLUGINS[path])
+    return modules
+
+
+ATTENTIONS = Registry("attn", "models.attention.base:Attention", "models.attention")
+SELECTORS = Registry("selector", "models.landmarks.base:LandmarkSelector", "models.landmarks")
+TASKS = Registry("task", "tasks.base:LRADataModule", "tasks")
+AXES = {"attn": ATTENTIONS, "selector": SELECTORS, "task": TASKS}
+
+
+def build_selector(name: str, /, **kwargs: Any) -> Any:
+    """A selector from its config node's keys (keys that are not its knobs are ignored: `name`, …)."""
+    return SELECTORS.get(name)(**SELECTORS.params(name, kwargs))
+
+
+def build_attention(
+    name: str, /, *, head_dim: int, num_heads: int, seq_len: int, selector: Any = None, **params: Any
+) -> Any:
+    """An attention with its selector (required exactly when the attention `takes_selector`)."""
+    cls = ATTENTIONS.get(name)
+    params = {k: v for k, v in params.items() if k != "name"}  # anything else must be a knob (TypeError if not)
+    if cls.takes_selector:
+        if selector is None:
+            raise ValueError(f"attn={name} needs a landmark selector")
+        params["selector"] = selector
+    elif selector is not None:
+        raise ValueError(f"attn={name} takes no selector (got {type(selector).__name__}); drop selector=")
+    return cls(head_dim=head_dim, num_heads=num_heads, seq_len=seq_len, **params)

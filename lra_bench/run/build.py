@@ -1,0 +1,97 @@
+"""From a composed config to the objects of a run: the data module, the network (with one attention per block).
+
+The one place that turns config nodes into components through `lra_bench.registry`; training, evaluation and the
+approximation study's model capture all build through it, so a checkpoint is always rebuilt the way it was made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from lra_bench.registry import ATTENTIONS, TASKS, build_attention, build_selector
+from models.attention.base import Attention
+from models.build import AttentionFactory, build_classifier, offset_seed
+
+
+def build_datamodule(cfg: DictConfig) -> Any:
+    cls = TASKS.get(cfg.task.name)
+    return cls(
+        OmegaConf.to_container(cfg.task, resolve=True),
+        data_dir=str(cfg.data_dir),
+        cache_dir=str(cfg.cache_dir),
+        batch_size=int(cfg.data.batch_size),
+        eval_batch_size=cfg.data.eval_batch_size,
+        num_workers=int(cfg.data.num_workers),
+        seed=int(cfg.seed),
+    )
+
+
+def selector_node(cfg: DictConfig) -> dict[str, Any] | None:
+    """The selector's config node, or None when the attention takes no selector."""
+    if not ATTENTIONS.get(cfg.attn.name).takes_selector:
+        return None
+    return OmegaConf.to_container(cfg.selector, resolve=True)  # type: ignore[return-value]
+
+
+def attention_factory(
+    attn: dict[str, Any], selector: dict[str, Any] | None, *, num_heads: int, head_dim: int
+) -> AttentionFactory:
+    """Each block's attention (and its own selector instance), seeded `seed + 1000·layer` (`offset_seed`)."""
+    name = attn["name"]
+    params = ATTENTIONS.params(name, attn)
+
+    def make(layer: int, total_len: int) -> Attention:
+        sel = None
+        if selector is not None:
+            sel = build_selector(selector["name"], **offset_seed(dict(selector), layer))
+        return build_attention(
+            name,
+            head_dim=head_dim,
+            num_heads=num_heads,
+            seq_len=total_len,
+            selector=sel,
+            **offset_seed(dict(params), layer),
+        )
+
+    return make
+
+
+def build_network(
+    *,
+    vocab_size: int,
+    seq_len: int,
+    num_classes: int,
+    dual: bool,
+    model: dict[str, Any],
+    attn: dict[str, Any],
+    selector: dict[str, Any] | None,
+) -> nn.Module:
+    """The classifier from plain config nodes (`attn`/`selector` with their `name`; `selector` None when the
+    attention takes none)."""
+    return build_classifier(
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        num_classes=num_classes,
+        dual=dual,
+        model=model,
+        make_attention=attention_factory(
+            attn, selector, num_heads=int(model["num_heads"]), head_dim=int(model["head_dim"])
+        ),
+    )
+
+
+def build_model(cfg: DictConfig, dm: Any) -> nn.Module:
+    model: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
+    attn: dict[str, Any] = OmegaConf.to_container(cfg.attn, resolve=True)  # type: ignore[assignment]
+    return build_network(
+        vocab_size=dm.vocab_size,
+        seq_len=dm.seq_len,
+        num_classes=dm.num_classes,
+        dual=dm.dual,
+        model=model,
+        attn=attn,
+        selector=selector_node(cfg),
+    )
