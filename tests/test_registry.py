@@ -53,3 +53,11 @@ def test_a_class_without_a_config_dataclass_is_refused(tmp_path) -> None:
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("broken", None)
+
+
+@pytest.mark.parametrize("name", AXES["attn"].names())
+def test_every_attention_exposes_its_implied_matrix(name: str) -> None:
+    """The diagnostics and the approximation study need `implied_matrix` (a plugin without it just gets none)."""
+    from lra_bench.diagnostics.callback import exposes_implied_matrix
+
+    assert exposes_implied_matrix(AXES["attn"].get(name).__new__(AXES["attn"].get(name)))

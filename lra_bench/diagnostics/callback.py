@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lra_bench.diagnostics.metrics import head_metrics, mean_metrics
 from lra_bench.record import results
+from models.attention.base import Attention
 from models.encoder import MultiHeadAttention
 
 DEFAULTS: dict[str, Any] = {
@@ -78,6 +79,12 @@ def attention_modules(model: torch.nn.Module) -> list[MultiHeadAttention]:
     return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
 
 
+def exposes_implied_matrix(attention: Attention) -> bool:
+    """Whether the attention overrides the `implied_matrix` hook (every attention in this repository does; a user's
+    plugin may not, and then its runs simply have no diagnostics)."""
+    return type(attention).implied_matrix is not Attention.implied_matrix
+
+
 def build_probe(datamodule: Any, size: int, max_len: int) -> dict[str, torch.Tensor] | None:
     """The first `size` validation sequences, cut to `max_len` tokens (None when there is no val split)."""
     splits = getattr(datamodule, "splits", None) or {}
@@ -113,6 +120,7 @@ class DiagnosticsCallback(pl.Callback):
         self.validations = 0
         self.best_val: float | None = None
         self._probe: dict[str, torch.Tensor] | None = None
+        self._warned = False
 
     # -- checkpointed state (so a resumed run keeps its best-val diagnostics) ----------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -163,6 +171,12 @@ class DiagnosticsCallback(pl.Callback):
         if batch is None:
             return None
         modules = attention_modules(model)
+        missing = sorted({type(m.attention).__name__ for m in modules if not exposes_implied_matrix(m.attention)})
+        if missing:  # a user's attention without the diagnostics hook: say so once, never fail the run for it
+            if not self._warned:
+                print(f"[lra-bench] diagnostics skipped: {', '.join(missing)} does not implement implied_matrix")
+                self._warned = True
+            return None
         layers = self.cfg["layers"]
         chosen = [i for i in range(len(modules)) if layers is None or i in set(layers)]
         captured: dict[int, list[tuple[torch.Tensor, torch.Tensor | None]]] = {i: [] for i in chosen}
