@@ -233,20 +233,22 @@ def split_images(dm: PathfinderDataModule, res: int = 32) -> dict[str, list[int]
 
 
 @pytest.mark.parametrize(
-    ("metadata", "trailing_newline", "bounds"),
-    [("text", True, (12, 14)), ("text", False, (11, 13)), ("npy", True, (12, 14))],
+    ("metadata", "trailing_newline", "bounds", "empty_at"),
+    [("text", True, (12, 14), (0, 12)), ("text", False, (11, 13), (0, 1)), ("npy", True, (12, 14), (0, 12))],
 )
 def test_lra_original_split_is_tfds_order_sliced_before_dropping_empty_pngs(
-    tmp_path: Path, metadata: str, trailing_newline: bool, bounds: tuple[int, int]
+    tmp_path: Path, metadata: str, trailing_newline: bool, bounds: tuple[int, int], empty_at: tuple[int, int]
 ) -> None:
     """15 rows (3 files × 5): hard[:80%] ends at 12, [80%:90%] at round(13.5) = 14; without the last file's final
-    newline LRA's builder reads 14 rows (11, round(12.6) = 13). Two zero-byte PNGs are cut out after slicing."""
+    newline LRA's builder reads 14 rows (11, round(12.6) = 13). Two zero-byte PNGs (at record positions
+    `empty_at`) are cut out after slicing; dropping them first would move the boundaries (13 rows: 10, 12; 12
+    rows: 10, 11) and change the splits."""
     # the key LRA's builder gives row i (1-based line i + 1) of metadata/<k>.npy: "<f0>_<f1>_<line>"
     keys = {5 * k + i: f"imgs/{k}_sample_{i}.png_{i + 1}" for k in range(3) for i in range(5)}
     if not trailing_newline:
         del keys[14]  # split('\n')[:-1] drops a last line that has no newline
     order = tfds_rows(keys, "hard")
-    empty = (order[0], order[bounds[0]])  # one in train, one in val
+    empty = tuple(order[i] for i in empty_at)
     write_pathfinder(
         tmp_path / "data", per_folder=5, folders=3, metadata=metadata, trailing_newline=trailing_newline, empty=empty
     )
