@@ -250,15 +250,16 @@ def test_bad_split_value_is_one_line(tmp_path: Path) -> None:
 
 
 def test_lra_original_recipe_sets_split_and_pixel0_mask() -> None:
-    from hydra.errors import ConfigCompositionException
-
+    from lra_bench.config.validate import ConfigError, validate
     from tests.conftest import compose
 
     cfg = compose(["protocol=lra_original", "task=image"])
     assert cfg.task.split == "lra_original" and cfg.task.pixel0_is_padding is True
     assert compose(["protocol=nystromformer", "task=image"]).task.split == "source_order"
-    with pytest.raises(ConfigCompositionException, match="task.split"):
-        compose(["task=image", "task.split=random"])
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["task=image", "task.split=random"]))
+    assert str(err.value).startswith("task.split: Invalid value 'random', expected one of [lra_original, source_order]")
+    assert "\n" not in str(err.value)
 
 
 def test_full_size_batches_are_checked_against_published_tfds_records() -> None:

@@ -297,12 +297,13 @@ def test_bad_split_values_are_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("task", ["pathfinder", "pathx"])
 def test_lra_original_recipe_sets_split_and_pixel0_mask(task: str) -> None:
-    from hydra.errors import ConfigCompositionException
-
+    from lra_bench.config.validate import ConfigError, validate
     from tests.conftest import compose
 
     cfg = compose(["protocol=lra_original", f"task={task}"])
     assert cfg.task.split == "lra_original" and cfg.task.pixel0_is_padding is True
     assert compose(["protocol=skyformer", f"task={task}"]).task.split == "seeded"
-    with pytest.raises(ConfigCompositionException, match="task.split"):
-        compose([f"task={task}", "task.split=random"])
+    with pytest.raises(ConfigError) as err:
+        validate(compose([f"task={task}", "task.split=random"]))
+    assert str(err.value).startswith("task.split: Invalid value 'random', expected one of [lra_original, seeded]")
+    assert "\n" not in str(err.value)
