@@ -13,12 +13,28 @@ Sources (`source: auto` takes the first found; or force `pickle|disk|hf`):
   3. `datasets.load_dataset(hf_name)` (default `cifar10`, i.e. `uoft-cs/cifar10`): the hub when online, else the
      local HF cache.
 
-Splits (as the official `train[:90%]` / `train[90%:]` / `test`): train = the first 45,000 training images in
-source order (data_batch_1..5), val = the last 5,000 (`val_fraction` 0.1), test = the 10,000 test images.
+Splits (`split`, stated in `data_info.split`):
+  * `lra_original`: LRA's `train[:90%]` / `train[90%:]` / `test`, i.e. TFDS's record order (`tasks.tfds_order`).
+    The TFDS `cifar10` builder (3.0.2, `tensorflow_datasets/image_classification/cifar.py` at
+    tensorflow/datasets@0560e68) yields the training images of `data_batch_1..5.bin` with the integer key
+    `index` = their position over the five batches in that order (its `id` feature is `train_{index:05d}`),
+    the test images likewise; the split name (`train`, `test`) is the salt. The python release holds the same
+    batches in the same order, so the key of pickle row j of `data_batch_b` is `10000·(b-1) + j`, and train =
+    the records before `round(0.9·50000)` = 45,000 in ascending `md5("train" + str(key))`, val = the other 5,000
+    (only 516 of them are among the last 5,000 of source order). Each split is served in that record order.
+    With all 50,000 images the mapping is checked against published TFDS records (`KNOWN_FIRST_RECORDS`): the
+    first 16 training records' labels and the first one's top-left pixels; a mismatch is an error, not a
+    silently different split. It needs the pickle source: an HF copy's row order is the order its builder read
+    the archive's members in, which nothing here can check against `data_batch_1..5`. `val_fraction` must be a
+    whole percent.
+  * `source_order` (default): train = the first 90% of the training images in source order (`data_batch_1..5`,
+    or the rows of a disk/HF copy), val = the last `val_fraction` (0.1: 5,000), test = the 10,000 test images.
+    Not LRA's split.
 
 `pixel0_is_padding` (default false): every LRA encoder builds its padding mask as `inputs > 0`, so black pixels
-were masked like padding in the official image runs; set it true to reproduce that quirk (the mask becomes
-`ids > 0`). It changes only the mask, not the cached tokens.
+were masked like padding in the official image runs (`transformer.py`: `src_padding_mask = inputs > 0`); set it
+true to reproduce that quirk (the mask becomes `ids > 0`; `recipe/lra_original_image.yaml` does). It changes only
+the mask, not the cached tokens.
 """
 
 from __future__ import annotations
@@ -32,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tasks import cache
+from tasks import cache, tfds_order
 from tasks.base import SPLITS, LRADataModule
 from tasks.layout import DataSourceError, candidates, find_release_path
 from tasks.sources import (
@@ -61,6 +77,21 @@ class ImageSource(str, Enum):
     hf = "hf"
 
 
+class ImageSplit(str, Enum):
+    lra_original = "lra_original"  # TFDS record order: LRA's train[:90%] / train[90%:]
+    source_order = "source_order"  # first 90% / last 10% of data_batch_1..5
+
+
+# The first 16 records of TFDS `cifar10` train as read (ids and labels: Ganegedara, TensorFlow in Action, ch. 3;
+# the first one's label and top-left pixels RGB: ray-project/ray `python/ray/data/read_api.py`, `from_tf`).
+KNOWN_FIRST_RECORDS = {
+    "ids": (16399, 1680, 47917, 17307, 27051, 48736, 26263, 1456, 19135, 31598, 12970, 4223, 27152, 49635, 4093, 17537),
+    "labels": (7, 8, 4, 4, 6, 5, 2, 9, 6, 6, 9, 9, 3, 0, 8, 7),
+    "first_pixels": ((143, 96, 70), (141, 96, 72), (135, 93, 72)),
+}
+FULL_TRAIN = 50_000
+
+
 @dataclass
 class ImageConfig:
     name: str = "image"
@@ -72,7 +103,8 @@ class ImageConfig:
     source: ImageSource = ImageSource.auto
     disk_dir: str = "cifar10"
     hf_name: str = "cifar10"
-    val_fraction: float = 0.1  # the last 10% of train (5,000 images) is val, as `train[90%:]`
+    split: ImageSplit = ImageSplit.source_order  # lra_original: TFDS order (LRA's) | source_order
+    val_fraction: float = 0.1  # 10% of train (5,000 images) is val, as `train[90%:]`
     pixel0_is_padding: bool = False  # LRA's `inputs > 0` mask quirk (black pixels masked)
 
 
@@ -168,6 +200,25 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
+def check_tfds_keys(images: np.ndarray, labels: np.ndarray, where: str) -> None:
+    """All 50,000 training images: the published TFDS records must sit at their keys (= pickle positions).
+
+    Guards the one assumption `split: lra_original` rests on (the python batches are in the order of the binary
+    ones TFDS read); smaller sets (test fixtures) are not CIFAR-10 and are not checked."""
+    if len(labels) != FULL_TRAIN:
+        return
+    ids = np.asarray(KNOWN_FIRST_RECORDS["ids"])
+    want_labels = list(KNOWN_FIRST_RECORDS["labels"])
+    want_pixels = [list(p) for p in KNOWN_FIRST_RECORDS["first_pixels"]]
+    got_labels, got_pixels = labels[ids].tolist(), images[ids[0], 0, :3].tolist()
+    if got_labels != want_labels or got_pixels != want_pixels:
+        raise DataSourceError(
+            f"{where}: the images at positions {ids[:3].tolist()}… (TFDS keys of its first cifar10 train records) "
+            f"have labels {got_labels} and top-left pixels {got_pixels}, not the published {want_labels} and "
+            f"{want_pixels}: these batches are not data_batch_1..5 in the official order; use task.split=source_order"
+        )
+
+
 # -- the data module ------------------------------------------------------------------------------------
 class ImageDataModule(LRADataModule):
     name = "image"
@@ -185,7 +236,22 @@ class ImageDataModule(LRADataModule):
             )
         if not 0.0 < float(self.cfg["val_fraction"]) < 1.0:
             raise ValueError(f"task.val_fraction={self.cfg['val_fraction']}: expected a fraction in (0, 1)")
+        valid = ", ".join(v.value for v in ImageSplit)
+        if self.cfg["split"] not in {v.value for v in ImageSplit}:
+            raise ValueError(f"task.split={self.cfg['split']!r}: expected one of {valid}")
+        if self.tfds_split:
+            tfds_order.whole_percent(self.cfg["val_fraction"], "task.val_fraction")
+            if self.cfg["source"] in ("disk", "hf"):
+                raise ValueError(
+                    f"task.source={self.cfg['source']} with task.split=lra_original: TFDS keys CIFAR-10 images by "
+                    "their position in data_batch_1..5, which only the python batches (cifar-10-batches-py) fix; "
+                    "use task.source=pickle (or auto), or task.split=source_order"
+                )
         self._gray: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+
+    @property
+    def tfds_split(self) -> bool:
+        return self.cfg["split"] == ImageSplit.lra_original.value
 
     @property
     def disk_path(self) -> Path:
@@ -201,6 +267,8 @@ class ImageDataModule(LRADataModule):
         choice = self.cfg["source"]
         if choice in ("auto", "pickle") and (folder := self.pickle_path()) is not None:
             return "pickle", str(folder)
+        if self.tfds_split:  # only the pickle batches give TFDS's keys
+            return "pickle", ""
         if choice in ("auto", "disk") and is_disk_dataset(self.disk_path):
             return "disk", str(self.disk_path)
         if choice in ("auto", "hf"):
@@ -238,12 +306,17 @@ class ImageDataModule(LRADataModule):
             return self._gray
         kind, where = self.resolve_source()
         try:
+            if kind == "pickle" and not where:
+                why = "task.split=lra_original reads only cifar-10-batches-py/ (TFDS's keys are its batch positions)"
+                raise self.missing_error(why if self.tfds_split else f"task.source=pickle but no {PICKLE_DIR}/ found")
             if kind == "pickle":
                 rgb = {}
                 for split, names in (("train", TRAIN_BATCHES), ("test", (TEST_BATCH,))):
                     parts = [read_cifar_batch(Path(where) / name) for name in names]
                     rows = np.concatenate([p[0] for p in parts])
                     rgb[split] = (cifar_rows_to_rgb(rows), np.concatenate([p[1] for p in parts]))
+                if self.tfds_split:
+                    check_tfds_keys(*rgb["train"], where)
             elif kind == "disk":
                 splits = load_disk_dataset(Path(where), ("train", "test"))
                 rgb = {s: self._from_hf(ds, f"{where}[{s}]") for s, ds in splits.items()}
@@ -282,7 +355,7 @@ class ImageDataModule(LRADataModule):
     # -- caching + building ----------------------------------------------------------------------------
     def cache_params(self) -> dict[str, Any]:
         kind, where = self.resolve_source()
-        if kind == "pickle":
+        if kind == "pickle" and where:
             stamp: Any = [path_stamp(Path(where) / name) for name in (*TRAIN_BATCHES, TEST_BATCH)]
         elif kind == "disk":
             stamp = path_stamp(Path(where), "**/*.arrow")
@@ -295,14 +368,23 @@ class ImageDataModule(LRADataModule):
     def train_boundary(self, n: int) -> int:
         return n - int(round(n * float(self.cfg["val_fraction"])))
 
+    def split_rows(self, split: str, n_train: int, n_test: int) -> np.ndarray:
+        """Source positions of one split's images, in the order they are served."""
+        if not self.tfds_split:
+            cut = self.train_boundary(n_train)
+            return {"train": np.arange(cut), "val": np.arange(cut, n_train), "test": np.arange(n_test)}[split]
+        if split == "test":
+            return tfds_order.record_order(range(n_test), "test")
+        order = tfds_order.record_order(range(n_train), "train")  # key = position over data_batch_1..5
+        train_pct = 100 - tfds_order.whole_percent(self.cfg["val_fraction"], "task.val_fraction")
+        (a, b), (c, d) = tfds_order.percent_slices(n_train, [train_pct])
+        return order[a:b] if split == "train" else order[c:d]
+
     def build_split(self, split: str) -> dict[str, np.ndarray]:
         data = self._load()
-        if split == "test":
-            ids, labels = data["test"]
-        else:
-            ids, labels = data["train"]
-            cut = self.train_boundary(len(labels))
-            ids, labels = (ids[:cut], labels[:cut]) if split == "train" else (ids[cut:], labels[cut:])
+        ids, labels = data["test" if split == "test" else "train"]
+        rows = self.split_rows(split, len(data["train"][1]), len(data["test"][1]))
+        ids, labels = ids[rows], labels[rows]
         lengths = np.full(len(labels), SIDE * SIDE, dtype=np.int32)
         return {"input_ids": np.ascontiguousarray(ids), "length": lengths, "label": labels}
 
@@ -318,11 +400,17 @@ class ImageDataModule(LRADataModule):
         info = super().data_info()
         kind, where = self.resolve_source()
         frac = float(self.cfg["val_fraction"])
-        official = " (45,000 / 5,000 of 50,000, as LRA's train[:90%] / train[90%:])" if frac == 0.1 else ""
-        info["split"] = (
-            f"train = the first {1 - frac:.0%} of CIFAR-10 train in source order (data_batch_1..5), val = the last "
-            f"{frac:.0%}{official}; test = CIFAR-10 test"
-        )
+        if self.tfds_split:
+            pct = 100 - tfds_order.whole_percent(frac, "task.val_fraction")
+            info["split"] = (
+                f"lra_original: LRA's TFDS split, train = cifar10 train[:{pct}%], val = train[{pct}%:] in TFDS record "
+                "order (ascending md5('train' + key), key = position over data_batch_1..5); test = CIFAR-10 test"
+            )
+        else:
+            info["split"] = (
+                f"source_order: train = the first {1 - frac:.0%} of CIFAR-10 train in source order, val = the last "
+                f"{frac:.0%} (not LRA's TFDS-order train[{100 - round(frac * 100)}%:]); test = CIFAR-10 test"
+            )
         info["source"] = f"{kind}:{where}"
         info["pixel0_is_padding"] = bool(self.cfg["pixel0_is_padding"])
         return info

@@ -10,14 +10,30 @@ Layout: `metadata/<k>.npy` + `imgs/<k>/sample_<i>.png`. Metadata rows have 11 sp
 (`imgs/<k> sample_<i>.png <i> <label> ...`); the image is `<difficulty dir>/<f0>/<f1>`, the label `int(f3)`.
 The release files are text despite `.npy`; the public generator writes binary `np.save` arrays: the magic
 `\\x93NUMPY` is sniffed and such files are read with `np.load(allow_pickle=False)`. A file without a trailing
-newline keeps its last row. Zero-byte PNGs (the release has some) are skipped and counted (`data_info` and
-`python -m tasks.prepare` report them); a missing PNG or a malformed row is an error naming `file:line`.
-PNGs are decoded with Pillow in mode L; tokens are the raw pixel values 0..255 (vocab 256).
+newline keeps its last row (in `split: seeded`; `lra_original` drops it, as LRA's builder did). Zero-byte PNGs
+(the release has some) are skipped and counted (`data_info` and `python -m tasks.prepare` report them); a
+missing PNG or a malformed row is an error naming `file:line`.
+PNGs are decoded with Pillow in mode L; tokens are the raw pixel values 0..255 (vocab 256). `pixel0_is_padding`:
+LRA's encoders mask `inputs > 0`, so black pixels were padding in its runs; the `lra_original` recipes set it.
 
-Split: no canonical one exists (LRA's TFDS order and the others' unseeded shuffles cannot be reproduced). We take
-the non-empty images in metadata order (files sorted by their integer stem, rows in file order) and split them
-80/10/10 with `torch.randperm(n, generator=torch.Generator().manual_seed(split_seed))` (default seed 42): first
-`n - 2⌊0.1 n⌋` train, next `⌊0.1 n⌋` val, rest test — the procedure of S4's `random_split(..., seed 42)`.
+Splits (`split`, stated in `data_info.split`):
+  * `lra_original`: LRA's `hard[:80%]` / `hard[80%:90%]` / `hard[90%:]` (`easy`, `intermediate` for the other
+    difficulties), reproduced from the metadata. LRA's Beam builder (google-research/long-range-arena@cd31e5c
+    `lra_benchmarks/data/pathfinder.py`) reads each `metadata/*.npy` as text, `split('\\n')[:-1]`, and yields
+    every row — zero-byte PNGs included — under the key `f"{f0}_{f1}_{r}"` (`imgs/0_sample_3.png_4`), r = the
+    row's 1-based position in its file. TFDS orders the split by `md5(split name + key)` (`tasks.tfds_order`,
+    salt `hard`/`intermediate`/`easy`) and slices whole percents of all n rows with `round(pct·n/100)`; LRA's
+    input pipeline then drops the empty images from each slice (`tf.strings.length(image) > 0`). We do the
+    same: the slices are cut over every row the builder would read, then zero-byte PNGs leave them, and each
+    split is served in record order. The order depends on the keys only, so either archive copy and any file
+    glob order give the same split. Rows the builder never reads — the last row of a text metadata file
+    without a final newline — are in no split (counted in `data_info.split`). Binary `np.save` metadata (our
+    generator's) could not be read by that builder; its rows are keyed as if they were text lines.
+    `val_fraction`/`test_fraction` must be whole percents.
+  * `seeded` (default): the non-empty images in metadata order (files sorted by their integer stem, rows in
+    file order) split 80/10/10 with `torch.randperm(n, generator=torch.Generator().manual_seed(split_seed))`
+    (default seed 42): first `n - 2⌊0.1 n⌋` train, next `⌊0.1 n⌋` val, rest test — the procedure of S4's
+    `random_split(..., seed 42)`. Not LRA's split.
 
 `generate_if_missing` (default true here, false for Path-X): when no copy exists, our seeded generator
 (`tasks.generate.pathfinder`) writes the full LRA-sized set (`gen_num_images` 200,000, ~15 CPU-minutes at
@@ -34,6 +50,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +58,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tasks import cache
+from tasks import cache, tfds_order
 from tasks.base import SPLITS, LRADataModule
 from tasks.layout import DataSourceError, candidates
-from tasks.sources import MissingSourceError, source_error
+from tasks.sources import MissingSourceError, plain, source_error
 
 NPY_MAGIC = b"\x93NUMPY"
 DIFFICULTIES = {
@@ -57,10 +74,16 @@ DIFFICULTIES = {
     "hard": ("curv_contour_length_14", 14),
 }
 ALIASES = {"6": "baseline", "easy": "baseline", "intermediate": "9", "hard": "14"}
+TFDS_SPLIT_NAMES = {"baseline": "easy", "9": "intermediate", "14": "hard"}  # LRA builder's split = hash salt
 GENERATED_MARKER = "lra_bench_generated.json"
 TOKENIZER_VERSION = "pixels-raw-v1"
 PARALLEL_MIN_IMAGES = 4096  # below this, decoding in-process beats starting workers
 DECODE_CHUNK = 2048
+
+
+class PathfinderSplit(str, Enum):
+    lra_original = "lra_original"  # TFDS record order: LRA's hard[:80%] / [80%:90%] / [90%:]
+    seeded = "seeded"  # torch.randperm(seed split_seed) 80/10/10 of the non-empty images
 
 
 @dataclass
@@ -74,7 +97,8 @@ class PathfinderConfig:
     num_classes: int = 2
     dual: bool = False
     folder: str = "auto"  # auto: first copy found at any nesting; or a path (relative to data_dir, or absolute)
-    split_seed: int = 42
+    split: PathfinderSplit = PathfinderSplit.seeded  # lra_original: TFDS order (LRA's) | seeded
+    split_seed: int = 42  # for split: seeded
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     pixel0_is_padding: bool = False  # LRA's `inputs > 0` mask quirk (black pixels masked)
@@ -90,8 +114,9 @@ def _int_stem(path: Path) -> tuple[int, int, str]:
     return (0, int(path.stem), path.name) if re.fullmatch(r"\d+", path.stem) else (1, 0, path.name)
 
 
-def read_metadata_rows(path: Path) -> list[tuple[int, list[str]]]:
-    """(line number, fields) of one metadata file, text or binary `np.save` (sniffed by its magic)."""
+def read_metadata_rows(path: Path) -> tuple[list[tuple[int, list[str]]], int]:
+    """(line number, fields) of one metadata file, text or binary `np.save` (sniffed by its magic), and how many
+    leading lines LRA's TFDS builder reads of it (`split('\\n')[:-1]`: a last line without `\\n` is not read)."""
     data = path.read_bytes()
     if data.startswith(NPY_MAGIC):
         try:
@@ -99,24 +124,34 @@ def read_metadata_rows(path: Path) -> list[tuple[int, list[str]]]:
         except Exception as err:  # object arrays need pickle: refused
             raise DataSourceError(f"{path}: binary metadata not readable without pickle ({err})") from None
         if arr.ndim == 2:
-            return [(i + 1, [str(v) for v in row]) for i, row in enumerate(arr)]
+            return [(i + 1, [str(v) for v in row]) for i, row in enumerate(arr)], len(arr)
         if arr.ndim == 1:
-            return [(i + 1, str(line).split()) for i, line in enumerate(arr) if str(line).strip()]
+            return [(i + 1, str(line).split()) for i, line in enumerate(arr) if str(line).strip()], len(arr)
         raise DataSourceError(f"{path}: binary metadata of shape {arr.shape}; expected rows of fields")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise DataSourceError(f"{path}: metadata is neither text nor a numpy file ({err})") from None
-    return [(i + 1, line.split()) for i, line in enumerate(text.splitlines()) if line.strip()]
+    rows = [(i + 1, line.split()) for i, line in enumerate(text.splitlines()) if line.strip()]
+    return rows, text.count("\n")
 
 
 @dataclass
 class Listing:
-    """The usable examples of one difficulty folder, in metadata order."""
+    """The usable examples of one difficulty folder, in metadata order, and the TFDS key of every row.
+
+    `keys[i]` is the key LRA's builder gave `paths[i]`, `empty_keys` those of the zero-byte PNGs; `unread` counts
+    the rows that builder never reads (their key is None)."""
 
     paths: list[str]
     labels: np.ndarray
     skipped_empty: list[str]
+    keys: list[str | None]
+    empty_keys: list[str | None]
+
+    @property
+    def unread(self) -> int:
+        return sum(k is None for k in (*self.keys, *self.empty_keys))
 
 
 def list_examples(root: Path) -> Listing:
@@ -127,8 +162,11 @@ def list_examples(root: Path) -> Listing:
     paths: list[str] = []
     labels: list[int] = []
     skipped: list[str] = []
+    keys: list[str | None] = []
+    empty_keys: list[str | None] = []
     for meta in files:
-        for line, fields in read_metadata_rows(meta):
+        rows, builder_rows = read_metadata_rows(meta)
+        for line, fields in rows:
             if len(fields) < 4:
                 raise DataSourceError(
                     f"{meta}:{line}: expected 11 space-separated fields (imgs/<k> sample_<i>.png <i> <label> ...), "
@@ -145,14 +183,17 @@ def list_examples(root: Path) -> Listing:
                 size = png.stat().st_size
             except FileNotFoundError:
                 raise DataSourceError(f"{meta}:{line}: image {png} does not exist") from None
+            key = f"{fields[0]}_{fields[1]}_{line}" if line <= builder_rows else None  # LRA builder's example key
             if size == 0:
                 skipped.append(str(png))
+                empty_keys.append(key)
                 continue
             paths.append(str(png))
             labels.append(label)
+            keys.append(key)
     if not paths:
         raise DataSourceError(f"{root}: metadata lists no non-empty image")
-    return Listing(paths, np.asarray(labels, dtype=np.int64), skipped)
+    return Listing(paths, np.asarray(labels, dtype=np.int64), skipped, keys, empty_keys)
 
 
 def decode_pngs(paths: list[str], resolution: int) -> np.ndarray:
@@ -187,6 +228,27 @@ def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float) 
     return {"train": perm[:n_train], "val": perm[n_train : n_train + n_val], "test": perm[n_train + n_val :]}
 
 
+def tfds_split_indices(listing: Listing, salt: str, val_pct: int, test_pct: int) -> dict[str, np.ndarray]:
+    """LRA's `{salt}[:a%]` / `[a%:b%]` / `[b%:]` over every row its builder read, as indices into `listing.paths`.
+
+    The slices are cut in TFDS record order over all rows (zero-byte PNGs too), then the empty ones leave each
+    slice, as LRA's input pipeline filters them after slicing; each split stays in record order."""
+    rows = [(k, i) for i, k in enumerate(listing.keys) if k is not None]
+    rows += [(k, -1) for k in listing.empty_keys if k is not None]  # -1: a zero-byte PNG (dropped after slicing)
+    order = tfds_order.record_order([k for k, _ in rows], salt)
+    usable = np.asarray([rows[j][1] for j in order], dtype=np.int64)
+    train_pct = 100 - val_pct - test_pct
+    slices = tfds_order.percent_slices(len(rows), [train_pct, train_pct + val_pct])
+    parts = {name: usable[a:b] for name, (a, b) in zip(SPLITS, slices)}
+    out = {name: part[part >= 0] for name, part in parts.items()}
+    if min(len(part) for part in out.values()) < 1:
+        raise DataSourceError(
+            f"{len(rows)} metadata rows are too few for {salt}[:{train_pct}%] / [{train_pct}%:{train_pct + val_pct}%]"
+            f" / [{train_pct + val_pct}%:] (every split needs at least one non-empty image)"
+        )
+    return out
+
+
 # -- the data module ------------------------------------------------------------------------------------
 class PathfinderDataModule(LRADataModule):
     name = "pathfinder"
@@ -202,6 +264,12 @@ class PathfinderDataModule(LRADataModule):
                 f"task.difficulty={difficulty!r}: expected one of baseline, 9, 14 (or easy, intermediate, hard)"
             )
         self.cfg["difficulty"] = ALIASES.get(difficulty, difficulty)  # one spelling → one cache key
+        self.cfg["split"] = plain(self.cfg["split"])
+        if self.cfg["split"] not in {v.value for v in PathfinderSplit}:
+            valid = ", ".join(v.value for v in PathfinderSplit)
+            raise ValueError(f"task.split={self.cfg['split']!r}: expected one of {valid}")
+        if self.tfds_split:
+            self.tfds_percents()  # whole percents, or a one-line error now
         res = int(self.cfg["resolution"])
         if self.seq_len != res * res or self.max_length != res * res:
             raise ValueError(
@@ -209,8 +277,26 @@ class PathfinderDataModule(LRADataModule):
                 f"{res}x{res} = {res * res} tokens; set both to {res * res}"
             )
         self._listing: Listing | None = None
+        self._split_rows: dict[str, np.ndarray] | None = None
 
     # -- where the data is ---------------------------------------------------------------------------
+    @property
+    def tfds_split(self) -> bool:
+        return self.cfg["split"] == PathfinderSplit.lra_original.value
+
+    def tfds_percents(self) -> tuple[int, int]:
+        """(val, test) as the whole percents of LRA's slices: 0.1, 0.1 → `[80%:90%]`, `[90%:]`."""
+        val = tfds_order.whole_percent(self.cfg["val_fraction"], "task.val_fraction")
+        test = tfds_order.whole_percent(self.cfg["test_fraction"], "task.test_fraction")
+        if val + test >= 100:
+            raise ValueError(f"task.val_fraction + task.test_fraction = {val + test}%: leaves no training split")
+        return val, test
+
+    @property
+    def tfds_split_name(self) -> str:
+        """The LRA builder's split for this difficulty (`hard` for contour 14), TFDS's hash salt."""
+        return TFDS_SPLIT_NAMES[self.cfg["difficulty"]]
+
     @property
     def resolution(self) -> int:
         return int(self.cfg["resolution"])
@@ -289,7 +375,7 @@ class PathfinderDataModule(LRADataModule):
             if self.cfg["generate_if_missing"]:
                 print(f"[{self.name}] {root} was generated with other generator settings: regenerating")
                 shutil.rmtree(root)  # only ever a folder our generator wrote (it carries our marker)
-                self._listing = None
+                self._listing, self._split_rows = None, None
             else:
                 print(f"[{self.name}] warning: {root} was generated with other generator settings; using it")
         if self.root() is None:
@@ -348,6 +434,8 @@ class PathfinderDataModule(LRADataModule):
                 max((m.stat().st_mtime_ns for m in metas), default=0),
             ]
         skip = {"pixel0_is_padding", "build_workers", "folder", "generate_if_missing"}
+        if self.tfds_split:
+            skip.add("split_seed")
         keep = {k: v for k, v in self.cfg.items() if k not in skip and not k.startswith("gen_")}
         return {"task": self.name, "tokenizer": self.tokenizer_version, "source": stamp, **keep}
 
@@ -359,12 +447,21 @@ class PathfinderDataModule(LRADataModule):
         with mp.get_context().Pool(min(workers, math.ceil(len(paths) / DECODE_CHUNK))) as pool:
             return np.concatenate(pool.map(_decode_job, jobs, chunksize=1))
 
+    def split_rows(self) -> dict[str, np.ndarray]:
+        """Indices into the listing of each split (computed once: the TFDS order hashes every row)."""
+        if self._split_rows is None:
+            listing, c = self.listing(), self.cfg
+            if self.tfds_split:
+                self._split_rows = tfds_split_indices(listing, self.tfds_split_name, *self.tfds_percents())
+            else:
+                self._split_rows = split_indices(
+                    len(listing.labels), int(c["split_seed"]), float(c["val_fraction"]), float(c["test_fraction"])
+                )
+        return self._split_rows
+
     def build_split(self, split: str) -> dict[str, np.ndarray]:
         listing = self.listing()
-        c = self.cfg
-        rows = split_indices(
-            len(listing.labels), int(c["split_seed"]), float(c["val_fraction"]), float(c["test_fraction"])
-        )[split]
+        rows = self.split_rows()[split]
         ids = self.decode([listing.paths[i] for i in rows])
         lengths = np.full(len(rows), self.seq_len, dtype=np.int32)
         return {"input_ids": ids, "length": lengths, "label": listing.labels[rows]}
@@ -373,16 +470,35 @@ class PathfinderDataModule(LRADataModule):
         mask = super().make_mask(ids, length)
         return mask & (ids > 0) if self.cfg["pixel0_is_padding"] else mask
 
+    def split_text(self, root: Path | None) -> str:
+        c = self.cfg
+        if not self.tfds_split:
+            return (
+                f"seeded: {1 - c['val_fraction'] - c['test_fraction']:.0%}/{c['val_fraction']:.0%}/"
+                f"{c['test_fraction']:.0%} random split of the non-empty images in metadata order (torch.randperm, "
+                f"seed {c['split_seed']}; not LRA's TFDS split)"
+            )
+        val, test = self.tfds_percents()
+        a, b, name = 100 - val - test, 100 - test, self.tfds_split_name
+        unread = ""
+        if root is not None:
+            try:
+                n = self.listing().unread
+                unread = f"; {n} rows LRA's builder never reads (no final newline) are left out" if n else ""
+            except DataSourceError:
+                pass
+        return (
+            f"lra_original: LRA's TFDS split {name}[:{a}%] / {name}[{a}%:{b}%] / {name}[{b}%:] in TFDS record order "
+            f"(ascending md5('{name}' + '<f0>_<f1>_<row>')), zero-byte PNGs then dropped from each slice{unread}"
+        )
+
     def data_info(self) -> dict[str, Any]:
         info = super().data_info()
         copies = self.copies()
         root = copies[0] if copies else None
         generated = root is not None and (root / GENERATED_MARKER).exists()
         c = self.cfg
-        info["split"] = (
-            f"seeded {1 - c['val_fraction'] - c['test_fraction']:.0%}/{c['val_fraction']:.0%}/{c['test_fraction']:.0%} "
-            f"random split of the non-empty images in metadata order (torch.randperm, seed {c['split_seed']})"
-        )
+        info["split"] = self.split_text(root)
         info["source"] = (f"generated:{root}" if generated else str(root)) if root else None
         info["difficulty"] = self.difficulty_dir
         info["resolution"] = self.resolution

@@ -5,8 +5,10 @@ copies (`lra_release/pathfinder128` and `lra_release/lra_release/pathfinder128`;
 right; the thread gives no answer): both are accepted. `folder: auto` takes the deepest copy found, i.e. the inner
 `lra_release/lra_release/pathfinder128` that S4's setup instructions move into place (S4 reports 96% on Path-X),
 and `data_info.copies_found` lists every copy so a run says which one it read; set `folder:` to choose the other.
-`generate_if_missing` is false: 200,000 images at 128 px take ~1.7 CPU-hours with our generator, so it runs only
-when asked (`task.generate_if_missing=true`, or the command in the error message).
+Splits as Pathfinder's (`split: lra_original` is LRA's TFDS `hard[:80%]` / `[80%:90%]` / `[90%:]` of
+`Pathfinder128`, whose keys and salt are those of the 32 px builder). `generate_if_missing` is false: 200,000
+images at 128 px take ~1.7 CPU-hours with our generator, so it runs only when asked
+(`task.generate_if_missing=true`, or the command in the error message).
 """
 
 from __future__ import annotations

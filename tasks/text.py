@@ -7,9 +7,18 @@ Nyströmformer authors' table; `max_length: 1000` (seq_len 1024) is the JAX repo
 Sources, first found wins (`source: auto`), or forced with `source: disk|raw|hf`:
   1. `<data_dir>/<disk_dir>` (default `imdb`): a `datasets` `save_to_disk` DatasetDict with train/test;
   2. `<data_dir>/<raw_dir>` (default `aclImdb`): the unpacked `aclImdb_v1.tar.gz`, `{train,test}/{neg,pos}/*.txt`
-     (read as UTF-8 with universal newlines — what the HF/TFDS builders did —, files in numeric id order,
-     neg = 0 then pos = 1);
+     (files in numeric id order, neg = 0 then pos = 1);
   3. `datasets.load_dataset(hf_name)` (default `imdb`): the hub when online, else the local HF cache.
+
+`review_form` — which text of a review is tokenized:
+  * `hf` (default): as the Hugging Face `imdb` builder reads it, the file as UTF-8 text with universal newlines
+    (`open(path, encoding="UTF-8").read()`, huggingface/datasets@02bb18c `datasets/imdb/imdb.py`), not stripped;
+    from the raw files we normalise `\r\n` and `\r` to `\n` the same way.
+  * `tfds`: as TFDS `imdb_reviews` (plain_text), which LRA loads: the archive member's bytes, verbatim, with
+    `.strip()` (`text = imdb_f.read().strip()` on the bytes: leading/trailing ASCII whitespace, i.e. space,
+    `\t\n\r\x0b\x0c`; tensorflow/datasets@v4.0.1 `tensorflow_datasets/text/imdb.py`); `ByteTextEncoder` then
+    encodes those bytes. From a disk/HF copy, the UTF-8 of its text is stripped the same way (its newlines are
+    whatever that copy holds). The `lra_original` recipe sets it.
 
 Splits (stated in `data_info`): train = IMDB train (25k); test = IMDB test (25k); val = the test set again, as
 LRA, Nyströmformer, Skyformer, xformers and S4 all do (`val_split: test`), or `val_split: holdout`: a seeded
@@ -58,6 +67,11 @@ class ValSplit(str, Enum):
     holdout = "holdout"
 
 
+class ReviewForm(str, Enum):
+    hf = "hf"  # UTF-8 text, universal newlines, unstripped (HF `imdb`)
+    tfds = "tfds"  # the file's bytes, .strip()ped (TFDS `imdb_reviews`, LRA)
+
+
 @dataclass
 class TextConfig:
     name: str = "text"
@@ -73,6 +87,7 @@ class TextConfig:
     val_split: ValSplit = ValSplit.test  # test: the test set doubles as validation (LRA) | holdout
     holdout_fraction: float = 0.1
     holdout_seed: int = 0
+    review_form: ReviewForm = ReviewForm.hf  # tfds: the bytes, stripped, as TFDS imdb_reviews (LRA)
 
 
 def _numeric_key(path: Path) -> tuple[int, str]:
@@ -80,8 +95,8 @@ def _numeric_key(path: Path) -> tuple[int, str]:
     return (int(match.group(1)) if match else -1, path.name)
 
 
-def read_aclimdb_split(root: Path, split: str) -> tuple[list[bytes], np.ndarray]:
-    """Reviews of one aclImdb split as UTF-8 bytes (newlines normalised to LF) and labels (neg 0, pos 1)."""
+def read_aclimdb_split(root: Path, split: str, form: str = ReviewForm.hf.value) -> tuple[list[bytes], np.ndarray]:
+    """Reviews of one aclImdb split as UTF-8 bytes in `form` (see the module docstring) and labels (neg 0, pos 1)."""
     docs: list[bytes] = []
     labels: list[int] = []
     for label, cls in enumerate(CLASSES):
@@ -95,7 +110,7 @@ def read_aclimdb_split(root: Path, split: str) -> tuple[list[bytes], np.ndarray]
                 data.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise DataSourceError(f"{path}: not valid UTF-8 ({err})") from None
-            docs.append(data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"))
+            docs.append(data.replace(b"\r\n", b"\n").replace(b"\r", b"\n") if form == ReviewForm.hf.value else data)
         labels += [label] * len(files)
     return docs, np.asarray(labels, dtype=np.int64)
 
@@ -120,6 +135,9 @@ class TextDataModule(LRADataModule):
         self.cfg = {k: plain(v) for k, v in self.cfg.items()}
         if self.max_length > self.seq_len:
             raise ValueError(f"task.max_length={self.max_length} exceeds task.seq_len={self.seq_len}")
+        if self.cfg["review_form"] not in {v.value for v in ReviewForm}:
+            valid = ", ".join(v.value for v in ReviewForm)
+            raise ValueError(f"task.review_form={self.cfg['review_form']!r}: expected one of {valid}")
         self._raw: dict[str, tuple[list[bytes], np.ndarray]] | None = None
         self._packed: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -179,7 +197,7 @@ class TextDataModule(LRADataModule):
                 splits = load_disk_dataset(Path(where), RAW_SPLITS)
                 self._raw = {s: self._from_hf(ds, f"{where}[{s}]") for s, ds in splits.items()}
             elif kind == "raw":
-                self._raw = {s: read_aclimdb_split(Path(where), s) for s in RAW_SPLITS}
+                self._raw = {s: read_aclimdb_split(Path(where), s, self.cfg["review_form"]) for s in RAW_SPLITS}
             elif kind == "hf":
                 splits, why = load_hub_dataset(where, RAW_SPLITS)
                 if splits is None:
@@ -222,6 +240,8 @@ class TextDataModule(LRADataModule):
     def _pack(self, raw_split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if raw_split not in self._packed:
             docs, labels = self._load_raw()[raw_split]
+            if self.cfg["review_form"] == ReviewForm.tfds.value:
+                docs = [doc.strip() for doc in docs]  # bytes.strip(): ASCII whitespace, as TFDS imdb_reviews
             ids, lengths = pack_bytes(docs, self.max_length, self.seq_len)
             self._packed[raw_split] = (ids, lengths, labels)
         return self._packed[raw_split]
@@ -255,6 +275,7 @@ class TextDataModule(LRADataModule):
         info = super().data_info()
         kind, where = self.resolve_source()
         info["text_length"] = self.max_length
+        info["review_form"] = self.cfg["review_form"]
         info["split"] = self.split_convention()
         info["source"] = f"{kind}:{where}"
         return info

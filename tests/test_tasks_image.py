@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 from pathlib import Path
@@ -11,11 +12,13 @@ import pytest
 import torch
 
 from tasks.image import (
+    KNOWN_FIRST_RECORDS,
     TEST_BATCH,
     TRAIN_BATCHES,
     ImageConfig,
     ImageDataModule,
     RestrictedUnpickler,
+    check_tfds_keys,
     cifar_rows_to_rgb,
     read_cifar_batch,
     tf_grayscale,
@@ -36,7 +39,7 @@ def cifar_rows(n: int, seed: int) -> np.ndarray:
     return rows
 
 
-def write_cifar_pickles(root: Path, py2_style: bool = True) -> Path:
+def write_cifar_pickles(root: Path, py2_style: bool = True, per_batch: int = PER_BATCH, n_test: int = N_TEST) -> Path:
     """`cifar-10-batches-py/` with data_batch_1..5 + test_batch + batches.meta, as the official archive.
 
     `py2_style`: bytes keys and pickle protocol 2 (what the Python-2 originals look like to Python 3)."""
@@ -46,7 +49,7 @@ def write_cifar_pickles(root: Path, py2_style: bool = True) -> Path:
     protocol = 2 if py2_style else pickle.DEFAULT_PROTOCOL
     names = [*TRAIN_BATCHES, TEST_BATCH]
     for i, name in enumerate(names):
-        n = N_TEST if name == TEST_BATCH else PER_BATCH
+        n = n_test if name == TEST_BATCH else per_batch
         batch = {
             key("batch_label"): f"{'testing' if name == TEST_BATCH else 'training'} batch {i + 1} of 5".encode(),
             key("labels"): [(i + j) % 10 for j in range(n)],
@@ -201,3 +204,72 @@ def test_missing_source_one_error_three_ways(tmp_path: Path) -> None:
 def test_seq_len_must_be_1024(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="1024"):
         make_dm(tmp_path, seq_len=64, max_length=64)
+
+
+def tfds_positions(n: int, salt: str) -> list[int]:
+    """TFDS record order written from the rule: positions sorted by int(md5(salt + str(position)), 16)."""
+    return sorted(range(n), key=lambda i: int(hashlib.md5(f"{salt}{i}".encode()).hexdigest(), 16))
+
+
+def test_lra_original_split_is_tfds_record_order(tmp_path: Path) -> None:
+    """25 training images: 90% is 22.5, TFDS rounds it to 22 (source_order would keep 23); test in TFDS order."""
+    write_cifar_pickles(tmp_path / "data", per_batch=5, n_test=7)
+    dm = make_dm(tmp_path, split="lra_original")
+    dm.setup()
+    train_rows = np.concatenate([cifar_rows(5, seed=i) for i in range(5)])
+    gray = tf_grayscale(cifar_rows_to_rgb(train_rows)).reshape(25, 1024)
+    labels = np.asarray([(b + j) % 10 for b in range(5) for j in range(5)])
+    order = tfds_positions(25, "train")
+    for split, rows in (("train", order[:22]), ("val", order[22:])):
+        assert (np.asarray(dm.splits[split].table["input_ids"]) == gray[rows]).all(), split
+        assert np.asarray(dm.splits[split].table["label"]).tolist() == labels[rows].tolist(), split
+    test_gray = tf_grayscale(cifar_rows_to_rgb(cifar_rows(7, seed=5))).reshape(7, 1024)
+    assert (np.asarray(dm.splits["test"].table["input_ids"]) == test_gray[tfds_positions(7, "test")]).all()
+    info = dm.data_info()
+    assert info["split"].startswith("lra_original: LRA's TFDS split, train = cifar10 train[:90%], val = train[90%:]")
+    plain = make_dm(tmp_path)
+    assert plain.cache_path != dm.cache_path and plain.data_info()["split"].startswith("source_order:")
+    plain.setup()
+    assert len(plain.splits["val"]) == 2  # source_order: 25 - round(2.5) = 23 train
+
+
+def test_lra_original_needs_the_pickle_batches(tmp_path: Path) -> None:
+    write_cifar_disk(tmp_path / "data" / "cifar10")
+    with pytest.raises(ValueError, match=r"^task\.source=disk with task\.split=lra_original: .*task\.source=pickle"):
+        make_dm(tmp_path, split="lra_original", source="disk")
+    with pytest.raises(MissingSourceError, match="task.split=lra_original reads only cifar-10-batches-py"):
+        make_dm(tmp_path, split="lra_original").prepare_data()  # auto: the disk copy is not used
+
+
+def test_bad_split_value_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as err:
+        make_dm(tmp_path, split="random")
+    assert str(err.value) == "task.split='random': expected one of lra_original, source_order"
+    with pytest.raises(ValueError, match=r"^task\.val_fraction=0\.125: the TFDS split slices whole percents"):
+        make_dm(tmp_path, split="lra_original", val_fraction=0.125)
+
+
+def test_lra_original_recipe_sets_split_and_pixel0_mask() -> None:
+    from lra_bench.config.validate import ConfigError, validate
+    from tests.conftest import compose
+
+    cfg = compose(["protocol=lra_original", "task=image"])
+    assert cfg.task.split == "lra_original" and cfg.task.pixel0_is_padding is True
+    assert compose(["protocol=nystromformer", "task=image"]).task.split == "source_order"
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["task=image", "task.split=random"]))
+    assert str(err.value).startswith("task.split: Invalid value 'random', expected one of [lra_original, source_order]")
+    assert "\n" not in str(err.value)
+
+
+def test_full_size_batches_are_checked_against_published_tfds_records() -> None:
+    """With 50,000 images, pickle position k must hold TFDS's train_{k}: labels of the first 16 records, pixels."""
+    ids = list(KNOWN_FIRST_RECORDS["ids"])
+    images = np.zeros((50_000, 1, 3, 3), dtype=np.uint8)  # only the top-left 3 pixels are looked at
+    labels = np.zeros(50_000, dtype=np.int64)
+    labels[ids] = KNOWN_FIRST_RECORDS["labels"]
+    images[ids[0], 0] = KNOWN_FIRST_RECORDS["first_pixels"]
+    check_tfds_keys(images, labels, "fixture")  # in the official order: passes
+    with pytest.raises(DataSourceError, match="not data_batch_1..5 in the official order"):
+        check_tfds_keys(np.roll(images, 10_000, axis=0), np.roll(labels, 10_000), "fixture")  # batches rotated
+    check_tfds_keys(images[:20], labels[:20], "fixture")  # not CIFAR-10-sized: nothing to check

@@ -3,6 +3,7 @@ archive nestings (the two pathfinder128 copies), the seeded split, generation wh
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +216,94 @@ def test_regenerates_when_generator_knobs_change(tmp_path: Path) -> None:
     assert kept.stale_generated(kept.root())
     kept.prepare_data()  # without generate_if_missing it warns and uses the data as it is, never deletes
     assert len(list((kept.root() / "imgs" / "0").glob("*.png"))) == 20
+
+
+def tfds_rows(keys: dict[int, str], salt: str) -> list[int]:
+    """Image indices g in TFDS record order, from the rule: ascending int(md5(salt + key), 16)."""
+    return sorted(keys, key=lambda g: int(hashlib.md5(f"{salt}{keys[g]}".encode()).hexdigest(), 16))
+
+
+def split_images(dm: PathfinderDataModule, res: int = 32) -> dict[str, list[int]]:
+    """Each cached split as the list of fixture image indices g, in served order."""
+    by_pixels = {pixels(res, g).tobytes(): g for g in range(64)}
+    return {
+        s: [by_pixels[row.astype(np.uint8).tobytes()] for row in np.asarray(dm.splits[s].table["input_ids"])]
+        for s in ("train", "val", "test")
+    }
+
+
+@pytest.mark.parametrize(
+    ("metadata", "trailing_newline", "bounds", "empty_at"),
+    [("text", True, (12, 14), (0, 12)), ("text", False, (11, 13), (0, 1)), ("npy", True, (12, 14), (0, 12))],
+)
+def test_lra_original_split_is_tfds_order_sliced_before_dropping_empty_pngs(
+    tmp_path: Path, metadata: str, trailing_newline: bool, bounds: tuple[int, int], empty_at: tuple[int, int]
+) -> None:
+    """15 rows (3 files × 5): hard[:80%] ends at 12, [80%:90%] at round(13.5) = 14; without the last file's final
+    newline LRA's builder reads 14 rows (11, round(12.6) = 13). Two zero-byte PNGs (at record positions
+    `empty_at`) are cut out after slicing; dropping them first would move the boundaries (13 rows: 10, 12; 12
+    rows: 10, 11) and change the splits."""
+    # the key LRA's builder gives row i (1-based line i + 1) of metadata/<k>.npy: "<f0>_<f1>_<line>"
+    keys = {5 * k + i: f"imgs/{k}_sample_{i}.png_{i + 1}" for k in range(3) for i in range(5)}
+    if not trailing_newline:
+        del keys[14]  # split('\n')[:-1] drops a last line that has no newline
+    order = tfds_rows(keys, "hard")
+    empty = tuple(order[i] for i in empty_at)
+    write_pathfinder(
+        tmp_path / "data", per_folder=5, folders=3, metadata=metadata, trailing_newline=trailing_newline, empty=empty
+    )
+    dm = make_dm(tmp_path / "data", tmp_path, split="lra_original")
+    dm.setup()
+    a, b = bounds
+    want = {"train": order[:a], "val": order[a:b], "test": order[b:]}
+    assert split_images(dm) == {s: [g for g in rows if g not in empty] for s, rows in want.items()}
+    info = dm.data_info()
+    assert info["split"].startswith("lra_original: LRA's TFDS split hard[:80%] / hard[80%:90%] / hard[90%:]")
+    assert ("1 rows LRA's builder never reads" in info["split"]) is (not trailing_newline)
+    assert info["skipped_empty_pngs"] == 2
+
+
+def test_lra_original_salt_is_the_difficulty_split_name(tmp_path: Path) -> None:
+    write_pathfinder(tmp_path / "data", difficulty_dir="curv_contour_length_9", per_folder=10, folders=2)
+    dm = make_dm(tmp_path / "data", tmp_path, difficulty=9, split="lra_original", generate_if_missing=False)
+    dm.setup()
+    keys = {10 * k + i: f"imgs/{k}_sample_{i}.png_{i + 1}" for k in range(2) for i in range(10)}
+    order = tfds_rows(keys, "intermediate")
+    assert split_images(dm) == {"train": order[:16], "val": order[16:18], "test": order[18:]}
+    assert "intermediate[:80%]" in dm.data_info()["split"]
+    seeded = make_dm(tmp_path / "data", tmp_path, difficulty=9, generate_if_missing=False)
+    assert seeded.cache_path != dm.cache_path and seeded.data_info()["split"].startswith("seeded:")
+    # split_seed plays no part in the TFDS split: same cache
+    same = make_dm(tmp_path / "data", tmp_path, difficulty=9, split="lra_original", split_seed=7)
+    assert same.cache_path == dm.cache_path
+
+
+def test_pathx_lra_original(tmp_path: Path) -> None:
+    write_pathfinder(tmp_path / "data", res=128, per_folder=5, folders=2)
+    dm = make_dm(tmp_path / "data", tmp_path, PathXDataModule, PathXConfig, split="lra_original")
+    dm.setup()
+    keys = {5 * k + i: f"imgs/{k}_sample_{i}.png_{i + 1}" for k in range(2) for i in range(5)}
+    order = tfds_rows(keys, "hard")
+    assert split_images(dm, res=128) == {"train": order[:8], "val": order[8:9], "test": order[9:]}
+
+
+def test_bad_split_values_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as err:
+        make_dm(tmp_path, tmp_path, split="random")
+    assert str(err.value) == "task.split='random': expected one of lra_original, seeded"
+    with pytest.raises(ValueError, match=r"^task\.test_fraction=0\.055: the TFDS split slices whole percents"):
+        make_dm(tmp_path, tmp_path, split="lra_original", test_fraction=0.055)
+
+
+@pytest.mark.parametrize("task", ["pathfinder", "pathx"])
+def test_lra_original_recipe_sets_split_and_pixel0_mask(task: str) -> None:
+    from lra_bench.config.validate import ConfigError, validate
+    from tests.conftest import compose
+
+    cfg = compose(["protocol=lra_original", f"task={task}"])
+    assert cfg.task.split == "lra_original" and cfg.task.pixel0_is_padding is True
+    assert compose(["protocol=skyformer", f"task={task}"]).task.split == "seeded"
+    with pytest.raises(ConfigError) as err:
+        validate(compose([f"task={task}", "task.split=random"]))
+    assert str(err.value).startswith("task.split: Invalid value 'random', expected one of [lra_original, seeded]")
+    assert "\n" not in str(err.value)

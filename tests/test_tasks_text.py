@@ -87,7 +87,7 @@ def test_aclimdb_bytes_order_and_quirks(tmp_path: Path) -> None:
     for i, text in enumerate(expected_neg):
         ids, length, label = row_of(dm, "train", i)
         assert label == 0
-        assert ids == ids_of(text.replace("\r\n", "\n"), 64)  # universal newlines, as the HF/TFDS builders
+        assert ids == ids_of(text.replace("\r\n", "\n"), 64)  # universal newlines, as the HF builder
     # multi-byte UTF-8: every byte is its own token (bytes + 1, vocab 257)
     texts_pos = [REVIEWS["pos"][written.index(k)] for k in order]
     i_jp = 4 + texts_pos.index(REVIEWS["pos"][0])
@@ -190,3 +190,55 @@ def test_pack_bytes_matches_reference() -> None:
         assert ids[i].tolist() == [b + 1 for b in cut] + [0] * (32 - len(cut))
     with pytest.raises(ValueError, match="max_length"):
         pack_bytes(docs, max_length=40, seq_len=32)
+
+
+# Whitespace at both ends, as bytes.strip() sees it: ASCII space, \t \n \r \x0b \x0c go; NBSP (U+00A0) stays.
+PADDED = {
+    "neg": [" \t Bad\r\nfilm.\r\n", "\x0b\x0cdull\n\n"],
+    "pos": ["\u00a0Great!\u00a0", "fine"],
+}
+
+
+def test_review_form_tfds_strips_the_bytes_as_tfds_imdb_reviews(tmp_path: Path) -> None:
+    write_aclimdb(tmp_path / "data", PADDED)
+    tfds = make_dm(tmp_path, review_form="tfds")
+    hf = make_dm(tmp_path, review_form="hf")
+    tfds.setup(), hf.setup()
+    # files in numeric id order: written ids 2, 12 → rows "neg[0], neg[1], pos[0], pos[1]"
+    texts = [*PADDED["neg"], *PADDED["pos"]]
+    ascii_ws = b" \t\n\r\x0b\x0c"
+    for i, text in enumerate(texts):
+        raw = text.encode("utf-8")
+        assert row_of(tfds, "train", i)[0] == [b + 1 for b in raw.strip(ascii_ws)]  # CRLF inside kept verbatim
+        assert row_of(hf, "train", i)[0] == [b + 1 for b in raw.replace(b"\r\n", b"\n")]  # unstripped
+    assert row_of(tfds, "train", 2)[0][:2] == [0xC2 + 1, 0xA0 + 1]  # NBSP is not ASCII whitespace: kept
+    assert tfds.cache_path != hf.cache_path
+    assert tfds.data_info()["review_form"] == "tfds" and hf.data_info()["review_form"] == "hf"
+
+
+def test_review_form_tfds_on_a_disk_copy(tmp_path: Path) -> None:
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+
+    features = Features({"text": Value("string"), "label": ClassLabel(names=["neg", "pos"])})
+    rows = {"text": ["  spaced out \n", "\tx"], "label": [0, 1]}
+    DatasetDict({s: Dataset.from_dict(rows, features=features) for s in ("train", "test")}).save_to_disk(
+        str(tmp_path / "data" / "imdb")
+    )
+    dm = make_dm(tmp_path, review_form="tfds")
+    dm.setup()
+    assert row_of(dm, "train", 0)[0] == ids_of("spaced out", 64) and row_of(dm, "test", 1)[0] == ids_of("x", 64)
+
+
+def test_review_form_bad_value_and_the_lra_original_recipe(tmp_path: Path) -> None:
+    from lra_bench.config.validate import ConfigError, validate
+    from tests.conftest import compose
+
+    with pytest.raises(ValueError) as err:
+        make_dm(tmp_path, review_form="strip")
+    assert str(err.value) == "task.review_form='strip': expected one of hf, tfds"
+    assert compose(["protocol=lra_original", "task=text"]).task.review_form == "tfds"
+    assert compose(["protocol=nystromformer", "task=text"]).task.review_form == "hf"
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["task=text", "task.review_form=strip"]))
+    assert str(err.value).startswith("task.review_form: Invalid value 'strip', expected one of [hf, tfds]")
+    assert "\n" not in str(err.value)
