@@ -24,6 +24,7 @@ SMALL = {
     "linformer": {"proj_dim": 6},
     "performer": {"num_features": 16},
     "skyformer": {"num_landmarks": 6},
+    "wildcat": {"num_landmarks": 6},
 }
 
 

@@ -108,6 +108,17 @@ def _pivoted(n: int, m: int | None, d: int, p: Params) -> Flops:
     return Flops(diff)
 
 
+def _wildcat(n: int, m: int | None, d: int, p: Params) -> Flops:
+    r = int(m or 0)
+    # the r×r Gaussian core Z_S Z_Sᵀ and its pseudo-inverse, G_SK = Z_S Zᵀ, G_SK·[V | 1], core⁺·(…), exp(Q K_Sᵀ),
+    # left·(…) and left·e^{h_S} (the coreset's partial row sums, the denominator guard). The coreset itself is the
+    # selector's (counted there). `num_bins` masks the same dense products (no saving in our implementation).
+    diff = 2 * r * r * d + 2 * r * n * d + 2 * r * n * (d + 1) + 2 * r * r * (d + 1)
+    diff += 2 * n * r * d + 2 * n * r * (d + 1) + 2 * n * r
+    # the SVD-based pseudo-inverse: forward an estimate (`_pinv`), backward torch's formula, 8 r×r products
+    return Flops(diff) + Flops(_pinv(r, {"pinv": "exact"}), backward=16.0 * r**3)
+
+
 def _poly_features(d: int, p: Params) -> int:
     dim = d + (p.get("kind", "homogeneous") == "inhomogeneous")
     return math.comb(dim + int(p.get("degree", 2)) - 1, int(p.get("degree", 2)))
@@ -141,6 +152,7 @@ ATTENTION_FLOPS: dict[str, Callable[[int, int | None, int, Params], Flops]] = {
     "polynomial": _polynomial,
     "linformer": _linformer,
     "performer": _performer,
+    "wildcat": _wildcat,
 }
 
 
@@ -187,6 +199,12 @@ def _pivoted_qr(n: int, m: int, d: int, p: Params) -> Flops:
     return Flops(0.0, 2.0 * ell * n * d + greedy)
 
 
+def _rpcholesky(n: int, m: int, d: int, p: Params) -> Flops:
+    # m steps, each one kernel column (Z z_j: 2nd) and its residual against the factor so far (F F[j]ᵀ: 2n·t at
+    # step t); the centring, the draws (a cumulative sum) and the downdates are elementwise
+    return Flops(0.0, 2.0 * n * d * m + n * m * (m - 1.0))
+
+
 def _leverage(n: int, m: int, d: int, p: Params) -> Flops:
     ell = _sketch_rows(m, n, p)
     # sketch rows, Gram A_S A_Sᵀ, Cholesky, solve against A_S, column-wise dot products
@@ -202,6 +220,7 @@ SELECTOR_FLOPS: dict[str, Callable[[int, int, int, Params], Flops]] = {
     "kmeans_pp": _kmeans_pp,
     "pivoted_qr": _pivoted_qr,
     "leverage": _leverage,
+    "rpcholesky": _rpcholesky,
 }
 
 
@@ -264,6 +283,7 @@ ATTENTION_MEMORY: dict[str, Callable[[int, int | None, int, str, Params], float]
     "polynomial": _mem_width(lambda m, p: float(_poly_features(32, p))),
     "linformer": _mem_width(lambda m, p: float(p.get("proj_dim", 256))),
     "performer": _mem_width(lambda m, p: float(p.get("num_features", 256))),
+    "wildcat": _mem_width(lambda m, p: 2.0 * float(m or 0)),  # G_SK, X, the left factor, the pivoting factor F
 }
 
 

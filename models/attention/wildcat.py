@@ -1,0 +1,189 @@
+"""WildCat attention (Schröder & Mackey, arXiv 2602.10056): a weighted coreset of keys, Nyström weights.
+
+With β = 1/√d, exact attention is softmax(βQKᵀ)V = (A V)/(A 1) for A = exp(βQKᵀ). WildCat keeps r key rows
+K_S (the coreset, chosen by randomly pivoted Cholesky on the key kernel) and the Nyström weights
+    W = exp((β/τ²) K_S K_Sᵀ)⁻¹ exp((β/τ²) K_S Kᵀ)   ∈ ℝ^{r×n},
+and outputs  Â V / (Â 1)  with  Â = exp(βQK_Sᵀ) W,  evaluated right to left: O(n·r·d + r³), never n×n.
+With every key in the coreset (r = n), W = I and the output is exact softmax attention.
+
+Our reading, checked against the official code (microsoft/wildcat@93e0a28 `wildcat/compress_kv.py`,
+`wildcat/rp_nystrom.py`; microsoft/wildcat@e0b728c `wildcat/wildcat.py`):
+* Keys are centred over the real tokens first (`center_keys`), as the official module does: the shift only
+  rescales each row of A, which the normalisation cancels, and it shortens the keys the kernel sees.
+* The kernel of the coreset choice and of W is exp(k̃·k̃'/τ²) on the logit-scaled keys (k = k₀·d^(-1/4), so
+  this is exp((β/τ²) k₀·k₀')); `tau: auto` is the official rule τ² = ρ·max‖k̃‖/max‖q‖, ρ = 3.94582, per
+  sequence and head; a number fixes τ (`models/landmarks/rpcholesky.py` has the kernel and the pivots).
+  With `selector=rpcholesky` (the default) the coreset is drawn on exactly this kernel; any other token
+  selector (uniform, pivoted_qr, …) may supply the coreset instead.
+* W is computed in the official, overflow-free way, through the Gaussian form of the kernel:
+  W = D_S⁻¹ G_SS⁻¹ G_SK D with G = exp(−‖z_i − z_j‖²/2) (z = k̃/τ, unit diagonal) and D = diag(e^{‖z‖²/2}).
+  The r×r core G_SS is solved in fp32 with autocast off (fp64 when given fp64) by the shared stable solve
+  (`numerics.stable_pinv`), like every other core; invalid coreset slots are the identity there and drop out.
+* `num_bins` (the official option): the real tokens are split by rank into C contiguous bins, the coreset has
+  ⌈r/C⌉ or ⌊r/C⌋ keys per bin drawn by RPCholesky within the bin, and W is block-diagonal (each key is
+  represented by its own bin's coreset). Formed densely with a mask here (no compute saved); needs
+  `selector=rpcholesky`.
+* Row normalisation: the Nyström weights can be negative, so Â1 can be ≤ 0 or tiny for a row. Our guard
+  (the paper leaves it open; the official code outputs 0 for Â1 ≤ 1e-20) uses the exact partial row sum over
+  the coreset, Σ_{s∈S} exp(βq·k_s), which is a true lower bound of the exact row sum A1:
+      out_i = (Â V)_i / max((Â 1)_i, Σ_{s∈S} exp(βq_i·k_s)).
+  It never changes a row whose estimate is plausible, keeps r = n exact, and is always > 0.
+* `clamp_output` (off by default) applies the official code's inference-time safeguard: each output
+  coordinate is clipped to the range of the values over the real tokens (exact attention is a convex
+  combination of them). It is not part of Â, so `implied_matrix` omits it and forward no longer equals
+  Â V where it acts; it also zeroes the gradient of clipped coordinates — hence off for training.
+* Not implemented from the official package: `subsample_ratio` (r is always `num_landmarks` here) and
+  causal masking (the official code has none either). Padding is masked everywhere: pads are never in the
+  coreset, carry no weight in W and take no part in the centring, τ or the bins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models.attention.base import Attention
+from models.attention.numerics import fp32_core, stable_pinv
+from models.landmarks.base import LandmarkSelector, broadcast_mask, gather_tokens, resolve_num_landmarks
+from models.landmarks.rpcholesky import RPCholeskyConfig, RPCholeskySelector, check_tau, key_features
+from models.landmarks.segment_means import segment_assignment
+
+
+@dataclass
+class WildcatConfig:
+    name: str = "wildcat"
+    num_landmarks: Any = 64  # r, the coreset size (int or "log2")
+    tau: Any = "auto"  # kernel temperature of the coreset choice and the weights: "auto" or a positive number
+    center_keys: bool = True  # centre the keys over the real tokens (exact for softmax; the official default)
+    num_bins: int = 1  # C: split the real tokens into C bins, each with its own coreset (needs rpcholesky)
+    clamp_output: bool = False  # clip outputs to the values' range (official inference safeguard; not in Â)
+
+
+class WildcatAttention(Attention):
+    name = "wildcat"
+    config = WildcatConfig
+
+    takes_selector = True
+    #: the coreset must be tokens (checked by lra_bench.config.validate)
+    needs_token_landmarks = True
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        num_landmarks: int | str = 64,
+        tau: Any = "auto",
+        center_keys: bool = True,
+        num_bins: int = 1,
+        clamp_output: bool = False,
+    ) -> None:
+        super().__init__(head_dim, num_heads, seq_len)
+        self.selector = selector
+        self.num_landmarks = num_landmarks
+        self.tau = check_tau(tau, "attn.tau")
+        self.center_keys, self.clamp_output = bool(center_keys), bool(clamp_output)
+        self.num_bins = int(num_bins)
+        if self.num_bins < 1:
+            raise ValueError(f"attn.num_bins={num_bins!r}: expected a positive integer")
+        rpc = isinstance(selector, RPCholeskySelector)
+        if self.num_bins > 1 and not rpc:
+            raise ValueError(
+                f"attn.num_bins={num_bins} needs selector=rpcholesky (the per-bin coreset is part of its draw); "
+                f"got {type(selector).__name__}"
+            )
+        if rpc:
+            defaults = RPCholeskyConfig()
+            own = (selector.tau, selector.center)
+            if own != (self.tau, self.center_keys) and own != (defaults.tau, defaults.center):
+                raise ValueError(
+                    f"selector.tau={selector.tau!r}, selector.center={selector.center}: under attn=wildcat the "
+                    f"coreset is drawn on the weights' kernel; set attn.tau / attn.center_keys instead"
+                )
+
+    def landmark_count(self, seq_len: int) -> int:
+        return resolve_num_landmarks(self.num_landmarks, seq_len)
+
+    def _coreset(
+        self, q: torch.Tensor, k: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, r: int, bins
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices and validity `[B, H, r]` of the coreset: RPCholesky on our kernel, or any token selector."""
+        real = broadcast_mask(mask, q)
+        if isinstance(self.selector, RPCholeskySelector):
+            bin_ids = None if bins is None else bins.expand(z.shape[:3])
+            return self.selector.pivots(z, real, r, bin_ids, self.num_bins)
+        lm = self.selector(q, k, mask, r)
+        if lm.indices is None:
+            raise ValueError(
+                f"attn=wildcat needs token landmarks; selector {type(self.selector).__name__} returns cluster means"
+            )
+        return lm.indices, lm.valid
+
+    def _operator(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, clamp: bool
+    ) -> torch.Tensor:
+        """out = (Â rhs) / (Â 1) for any right-hand side `v [B, H, N, E]` (E = D in forward, N for Â itself)."""
+        n = q.shape[-2]
+        r = self.landmark_count(n)
+        if self.num_bins > r:
+            raise ValueError(f"attn.num_bins={self.num_bins} exceeds the coreset size r={r}; choose num_bins <= r")
+        scale = q.shape[-1] ** -0.25
+        real = broadcast_mask(mask, q)  # [B, 1, N]
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        with fp32_core(q.device):
+            qf, kf, vf = q.to(dtype) * scale, k.to(dtype) * scale, v.to(dtype)
+            z, kc = key_features(qf, kf, real, self.tau, self.center_keys)
+            bins = segment_assignment(real, self.num_bins) if self.num_bins > 1 else None
+            idx, valid = self._coreset(q * scale, k * scale, z, mask, r, bins)
+            z_s, kc_s = gather_tokens(z, idx), gather_tokens(kc, idx)
+            hsq = 0.5 * z.pow(2).sum(-1)  # ‖z‖²/2, [B, H, N]
+            hsq_s = hsq.gather(-1, idx)  # [B, H, r]
+            key_ok = real.expand(hsq.shape)
+            pair = valid[..., :, None] & valid[..., None, :]  # [B, H, r, r]
+            link = valid[..., :, None] & key_ok[..., None, :]  # [B, H, r, N]
+            if bins is not None:
+                bin_k = bins.expand(hsq.shape)
+                bin_s = bin_k.gather(-1, idx)
+                pair = pair & (bin_s[..., :, None] == bin_s[..., None, :])
+                link = link & (bin_s[..., :, None] == bin_k[..., None, :])
+            # the r×r core G_SS (Gaussian form, unit diagonal), invalid slots → identity
+            core = torch.exp(z_s @ z_s.transpose(-1, -2) - hsq_s[..., :, None] - hsq_s[..., None, :])
+            eye = torch.eye(r, device=core.device, dtype=core.dtype)
+            core_inv = stable_pinv(torch.where(pair, core, eye))
+            # X = G_SK·D scaled by one shift per head (e^{-M}, cancels in the ratio): entries ≤ 1
+            logits_sk = (z_s @ z.transpose(-1, -2) - hsq_s[..., None]).masked_fill(~link, float("-inf"))
+            shift = logits_sk.amax(dim=(-1, -2), keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
+            x = torch.exp(logits_sk - shift)
+            rhs = torch.cat([vf, key_ok[..., None].to(vf.dtype)], dim=-1)  # [V | 1]
+            coef = core_inv @ (x @ rhs)  # e^{h_s - M}·(W [V | 1])_s, [B, H, r, E + 1]
+            # exp(βq·k_s)·e^{-h_s}, one shift per row (cancels in the ratio): entries ≤ 1
+            logits_q = (qf @ kc_s.transpose(-1, -2) - hsq_s[..., None, :]).masked_fill(
+                ~valid[..., None, :], float("-inf")
+            )
+            row_shift = logits_q.amax(-1, keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
+            left = torch.exp(logits_q - row_shift)  # [B, H, N, r]
+            both = left @ coef
+            partial = left @ torch.exp(hsq_s - shift.squeeze(-1)).unsqueeze(-1)  # Σ_{s∈S} exp(βq·k_s), same scale
+            den = torch.maximum(both[..., -1:], partial).clamp_min(torch.finfo(dtype).tiny)
+            out = both[..., :-1] / den
+            if clamp:
+                big = torch.finfo(dtype).max
+                rv = real.unsqueeze(-1)
+                lo = vf.masked_fill(~rv, big).amin(-2, keepdim=True)
+                hi = vf.masked_fill(~rv, -big).amax(-2, keepdim=True)
+                out = torch.minimum(torch.maximum(out, lo), hi)
+        return out.to(v.dtype)
+
+    def forward(self, q, k, v, mask):
+        return self._operator(q, k, v, mask, self.clamp_output)
+
+    def implied_matrix(self, q, k, mask):
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        eye = torch.eye(q.shape[-2], device=q.device, dtype=dtype).expand(*q.shape[:2], -1, -1)
+        mat = self._operator(q.to(dtype), k.to(dtype), eye, mask, clamp=False)
+        if mask is not None:
+            mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
+        return mat
