@@ -91,18 +91,25 @@ def write_wheel(folder: Path, dist: str, version: str, files: dict[str, str], re
     return path
 
 
+def wheels_stage(tmp_path: Path, listing: str, wheels: Path) -> Check:
+    """Run only the wheels stage of a tiny check, with `listing` as the wheel list."""
+    (tmp_path / "wheels.txt").write_text(listing)
+    args = argparse.Namespace(tiny=True, out=tmp_path / "out", work=tmp_path / "work", wheels=wheels, budget=None)
+    check = Check(args)
+    check.wheel_list = tmp_path / "wheels.txt"
+    check.run_stage("wheels", check.stage_wheels)
+    check.sink.close()
+    return check
+
+
 def wheel_check(tmp_path: Path, extra_files: dict[str, str], requires: list[str]) -> tuple[Check, dict]:
     wheels = tmp_path / "whl"
     wheels.mkdir(parents=True)
     files = {"lra_fixture_pkg/__init__.py": "VALUE = 42\n", **extra_files}
     write_wheel(wheels, "lra-fixture-pkg", "1.0", files, requires)
-    listing = tmp_path / "wheels.txt"
-    listing.write_text("# a dist the running Python lacks\nlra-fixture-pkg==1.0   lra_fixture_pkg\n")
-    args = argparse.Namespace(tiny=True, out=tmp_path / "out", work=tmp_path / "work", wheels=wheels, budget=None)
-    check = Check(args)
-    check.wheel_list = listing
-    check.run_stage("wheels", check.stage_wheels)
-    check.sink.close()
+    check = wheels_stage(
+        tmp_path, "# a dist the running Python lacks\nlra-fixture-pkg==1.0   lra_fixture_pkg\n", wheels
+    )
     return check, json.loads((tmp_path / "out" / "report.json").read_text())
 
 
@@ -132,13 +139,7 @@ def test_a_wheel_that_shadows_the_nodes_own_package_or_lacks_a_dependency_fails(
 
 
 def test_a_missing_wheel_names_the_prepare_script(tmp_path: Path) -> None:
-    listing = tmp_path / "wheels.txt"
-    listing.write_text("lra-never-built==9.9 lra_never_built\n")
-    args = argparse.Namespace(tiny=True, out=tmp_path / "out", work=tmp_path / "work", wheels=tmp_path, budget=None)
-    check = Check(args)
-    check.wheel_list = listing
-    check.run_stage("wheels", check.stage_wheels)
-    rec = check.report.stage("wheels")
+    rec = wheels_stage(tmp_path, "lra-never-built==9.9 lra_never_built\n", tmp_path).report.stage("wheels")
     assert rec.status == "failed" and "lra-never-built" in rec.summary and "prepare.sh" in rec.summary
 
 
