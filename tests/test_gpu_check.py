@@ -182,14 +182,47 @@ def test_every_gpu_only_command_composes_before_gpu_time_is_spent(tmp_path: Path
     assert sum(budgets[k] for k in plans.SIDE_STAGES) <= budgets["listops_train"]
 
 
+def tiny_check(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    cmd = [str(REPO / "scripts/gpu/check.sh"), "--tiny", "--out", str(out), "--work", str(work), *extra]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850)
+    return proc, json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_stage_out_of_time_is_stopped_and_the_report_still_says_what_ran(tmp_path: Path) -> None:
+    """The training window is 4 s: too short for any tiny run to finish, so it must be stopped at its budget."""
+    proc, report = tiny_check(tmp_path, "--stage-budget", "listops_train=4")
+    stages = {s["name"]: s for s in report["stages"]}
+    assert proc.returncode == 1 and report["finished"]
+    assert stages["listops_train"]["status"] == "timeout"
+    assert stages["listops_train"]["seconds"] < 4 + 2 * 20 + 15  # the window, SIGTERM grace and SIGKILL, cleanup
+    assert {stages[s]["status"] for s in plans.SIDE_STAGES} <= {"timeout", "skipped"}
+    assert all(stages[s]["status"] == "passed" for s in ("listops_data", "bench_bfloat16", "bench_float32", "table"))
+    rows = report["listops"]["rows"]
+    assert [r["attn"] for r in rows] == list(plans.LISTOPS_ATTNS)
+    assert all(r["status"] != "completed" and r["test_acc"] is None for r in rows), rows
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| listops_train | **timeout** |" in md and "37.10 (Standard)" in md
+    work = str(tmp_path / "work")
+    left = [p for p in Path("/proc").glob("[0-9]*") if work in _cmdline(p)]
+    assert not left, f"processes of the check still running: {[_cmdline(p) for p in left]}"
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_tiny_mode_runs_every_stage_and_writes_the_report(tmp_path: Path) -> None:
-    out, work = tmp_path / "out", tmp_path / "work"
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([str(REPO / "scripts/gpu/check.sh"), "--tiny", "--out", str(out), "--work", str(work)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850)  # fmt: skip
-    report = json.loads((out / "report.json").read_text())
+    out = tmp_path / "out"
+    proc, report = tiny_check(tmp_path)
     stages = {s["name"]: s for s in report["stages"]}
     assert list(stages) == [name for name, _ in STAGES]
     assert all(s["status"] in STATUSES and s["seconds"] is not None for s in stages.values()), stages

@@ -40,7 +40,7 @@ from typing import Any
 from scripts.gpu import plan as plans
 from scripts.gpu import wheelsite
 from scripts.gpu.report import Report, StageRecord, listops_markdown
-from scripts.gpu.runner import Job, LogSink, Outcome
+from scripts.gpu.runner import Job, LogSink, Outcome, wait_all
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -121,7 +121,8 @@ class Check:
         budget = float(args.budget or self.plan.total_budget_s)
         self.deadline = self.t0 + budget
         self.sink = LogSink(self.out / "stages.log")
-        records = [StageRecord(name, title, float(self.plan.budgets[name])) for name, title in STAGES]
+        self.budgets = {**self.plan.budgets, **dict(getattr(args, "stage_budget", None) or [])}
+        records = [StageRecord(name, title, float(self.budgets[name])) for name, title in STAGES]
         command = "scripts/gpu/check.sh " + " ".join(sys.argv[1:])
         self.report = Report(self.out, self.plan.mode, command, budget, records)
         self.report.data["work_dir"] = str(self.work)
@@ -154,7 +155,7 @@ class Check:
 
     def timeout_for(self, name: str, cap: float | None = None) -> float:
         left = self.deadline - time.monotonic() - (0 if name == "table" else TABLE_RESERVE_S)
-        return max(0.0, min(self.plan.budgets[name], left, cap if cap is not None else math.inf))
+        return max(0.0, min(self.budgets[name], left, cap if cap is not None else math.inf))
 
     def save(self) -> None:
         self.report.save(time.monotonic() - self.t0)
@@ -164,7 +165,7 @@ class Check:
         rec = self.report.stage(name)
         timeout = self.timeout_for(name, cap)
         if timeout < 3:
-            rec.status, rec.summary = "skipped", "no time left in the check's budget"
+            rec.status, rec.summary = "skipped", "no time left (the check's budget or its window)"
             self.save()
             return
         rec.status = "running"
@@ -356,10 +357,8 @@ class Check:
         self.save()
         for name in plans.SIDE_STAGES:  # beside the training runs, inside its window
             self.run_stage(name, getattr(self, f"stage_{name}"), cap=deadline - time.monotonic())
-        outcomes = {}
-        for attn, job in jobs.items():
-            outcomes[attn] = job.wait(deadline)
-            self.active.discard(job)
+        outcomes = dict(zip(jobs, wait_all(list(jobs.values()), deadline)))
+        self.active.difference_update(jobs.values())
         for attn, outcome in outcomes.items():
             self.runs[attn] = self.collect_run(attn, outcome)
         states = {a: r["status"] for a, r in self.runs.items()}
@@ -386,8 +385,11 @@ class Check:
         steps = metrics.get("train_steps") or max((s for s, _ in floats(rows, "train/loss")), default=None)
         best = max(val, key=lambda sv: sv[1]) if val else (None, None)  # the CSV's, for a run stopped early
         cfg = record.get("config") or {}
+        status = record.get("status") or "no record"
+        if outcome.timed_out and status in ("running", "no record"):  # killed before it could record the stop
+            status = f"stopped by the budget ({status})"
         return {
-            "status": record.get("status") or ("timeout" if outcome.timed_out else "no record"),
+            "status": status,
             "error": record.get("error"),
             "steps": steps,
             "max_steps": (cfg.get("trainer") or {}).get("max_steps"),
@@ -579,12 +581,18 @@ class Check:
         self.save()
         for line in listops_markdown(self.report.data["listops"]):
             self.say(line)
-        board = [self.python, "-m", "lra_bench.leaderboard", str(self.work / "runs"), "--no-plots"]
-        outcome = self.command("table", [*board, "--out", str(self.work / "leaderboard")], timeout)
-        rec.details["leaderboard"] = outcome.text(6)
         numbers = sum(r["test_acc"] is not None for r in rows)
         beside = ", ".join(f"{r['published_model']} {r['published']:.2f}" for r in rows if r["published"] is not None)
-        self.finish_from(rec, outcome, f"{numbers}/{len(rows)} runs with a test accuracy; published: {beside}")
+        summary = f"{numbers}/{len(rows)} runs with a test accuracy; published: {beside}"
+        runs_dir = self.work / "runs"
+        if not runs_dir.exists():  # every run was stopped before it wrote anything
+            rec.status, rec.summary = "passed", summary
+            rec.details["leaderboard"] = f"not built: no {runs_dir}"
+            return
+        board = [self.python, "-m", "lra_bench.leaderboard", str(runs_dir), "--no-plots"]
+        outcome = self.command("table", [*board, "--out", str(self.work / "leaderboard")], timeout)
+        rec.details["leaderboard"] = outcome.text(6)  # the harness's own reader of the same records
+        self.finish_from(rec, outcome, summary)
 
     # -- the whole check --------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -630,10 +638,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new one under the temp dir)")
     p.add_argument("--wheels", type=Path, default=None, help="carried wheels (default: .whl/ in the repo)")
     p.add_argument("--budget", type=float, default=None, help="seconds for the whole check (default: the plan's)")
+    p.add_argument(
+        "--stage-budget",
+        action="append",
+        type=stage_budget,
+        metavar="STAGE=SECONDS",
+        help="another budget for one stage (repeatable), e.g. listops_train=400 for a rerun with more time",
+    )
     args = p.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         p.error(f"--budget={args.budget}: must be a positive number of seconds")
     return args
+
+
+def stage_budget(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    names = [n for n, _ in STAGES]
+    if name not in names:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown stage {name!r}; valid: {', '.join(names)}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be a positive number of seconds")
+    return name, seconds
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,26 +117,42 @@ class Job:
     def stop(self) -> None:
         """SIGTERM the group, then SIGKILL what is left after the grace period."""
         self._signal(signal.SIGTERM)
-        try:
-            self.proc.wait(self.grace_s)
-        except subprocess.TimeoutExpired:
+        if not self._exited_by(time.monotonic() + self.grace_s):
             self._signal(signal.SIGKILL)
             self.proc.wait()
 
     def wait(self, deadline: float) -> Outcome:
         """Wait until the child exits or `deadline` (time.monotonic()) passes, then stop it."""
-        timed_out = False
+        return wait_all([self], deadline)[0]
+
+    def _exited_by(self, deadline: float) -> bool:
         try:
             self.proc.wait(max(0.0, deadline - time.monotonic()))
+            return True
         except subprocess.TimeoutExpired:
-            timed_out = True
-            self.sink.write(self.label, f"time budget spent after {time.monotonic() - self.started:.0f} s: stopping")
-            self.stop()
+            return False
+
+    def outcome(self, timed_out: bool) -> Outcome:
         self._reader.join(5)
         seconds = time.monotonic() - self.started
         code = None if timed_out else self.proc.returncode
         self.sink.write(self.label, f"exit {code} after {seconds:.1f} s" + (" (timed out)" if timed_out else ""))
         return Outcome(code, timed_out, seconds, list(self._tail))
+
+
+def wait_all(jobs: Sequence[Job], deadline: float) -> list[Outcome]:
+    """Wait for every job until `deadline`; then SIGTERM all that are left at once, and SIGKILL those still there
+    after the grace period — so concurrent children share one grace period instead of queueing for theirs."""
+    late = [job for job in jobs if not job._exited_by(deadline)]
+    for job in late:
+        job.sink.write(job.label, f"time budget spent after {time.monotonic() - job.started:.0f} s: stopping")
+        job._signal(signal.SIGTERM)
+    grace_end = time.monotonic() + max((job.grace_s for job in late), default=0.0)
+    for job in late:
+        if not job._exited_by(grace_end):
+            job._signal(signal.SIGKILL)
+            job.proc.wait()
+    return [job.outcome(job in late) for job in jobs]
 
 
 def run(
