@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU node check in one command (≤ 9 min on one H200), or the same stages shrunk on a CPU (--tiny):
-#   scripts/gpu/check.sh --out DIR [--tiny] [--work DIR] [--wheels DIR] [--budget SECONDS]
+#   scripts/gpu/check.sh --out DIR [--tiny] [--work DIR] [--wheels DIR] [--budget SECONDS] [--stage-budget STAGE=S]
 # Everything it writes for people lands under --out (report.md, report.json, check.log, stages.log, the bench
 # JSON, listops_curves.csv): at most 8 files. The stages and their budgets: scripts/gpu/plan.py. Runs from the
 # source tree (no pip install of the repo: the node is offline); the wheels in .whl/ (scripts/gpu/prepare.sh)
