@@ -21,7 +21,8 @@ from tasks.layout import DataSourceError, candidates, find_release_path
 from tasks.tokenizers import ListOpsTokenizer, pad_truncate
 
 RELATIVE_DIR = "listops-1000"
-GENERATOR_MARKER = "generator.json"  # written beside data we generated: its knobs
+GENERATOR_MARKER = "generator.json"  # written beside data we generated: its knobs and generator version
+NOT_DATA_IDENTITY = ("gen_workers",)  # generator settings that change how fast, not what, it generates
 
 
 @dataclass
@@ -43,6 +44,7 @@ class ListOpsConfig:
     gen_max_depth: int = 10
     gen_max_args: int = 10
     gen_seed: int = 0
+    gen_workers: int | None = None  # generator processes (None = all cores, capped); the files do not depend on it
 
 
 def read_listops_tsv(path: Path) -> tuple[list[str], np.ndarray]:
@@ -88,7 +90,8 @@ class ListOpsDataModule(LRADataModule):
         return f"python -m tasks.generate.listops --out {target}"
 
     def generator_knobs(self) -> dict[str, Any]:
-        return {k: v for k, v in self.cfg.items() if k.startswith("gen_")} | {"file_prefix": self.cfg["file_prefix"]}
+        knobs = {k: v for k, v in self.cfg.items() if k.startswith("gen_") and k not in NOT_DATA_IDENTITY}
+        return knobs | {"file_prefix": self.cfg["file_prefix"], "generator_version": generator.GENERATOR_VERSION}
 
     def stale_generated(self) -> bool:
         """Files we generated earlier with other generator knobs (official files carry no marker)."""
@@ -127,6 +130,7 @@ class ListOpsDataModule(LRADataModule):
             c["gen_num_val"],
             c["gen_num_test"],
             task=c["file_prefix"],
+            workers=c.get("gen_workers"),
             seed=c["gen_seed"],
             max_depth=c["gen_max_depth"],
             max_args=c["gen_max_args"],

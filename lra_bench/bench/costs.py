@@ -144,6 +144,7 @@ ATTENTION_FLOPS: dict[str, Callable[[int, int | None, int, Params], Flops]] = {
     "full": _full,
     "sdpa_math": _full,
     "sdpa_flash": _full,
+    "sdpa_efficient": _full,
     "nystrom": _nystrom,
     "gpa": _nystrom,  # Nyström with another selector: the selector's cost is added separately
     "spectral": _spectral,
@@ -274,6 +275,7 @@ _landmarks = _mem_width(lambda m, p: float(m or 0))
 ATTENTION_MEMORY: dict[str, Callable[[int, int | None, int, str, Params], float]] = {
     "full": _linear,
     "sdpa_flash": _linear,
+    "sdpa_efficient": _linear,
     "sdpa_math": _quadratic,
     "nystrom": _landmarks,
     "gpa": _landmarks,

@@ -6,6 +6,8 @@ one SDPA backend forced with `torch.nn.attention.sdpa_kernel`.
 - `sdpa_flash`: the flash kernel (CPU: PyTorch's flash-attention-for-CPU, fp32; CUDA: FlashAttention-2, which
   takes fp16/bf16 only, so the bench feeds it bf16 on CUDA and says so). `full` already goes through SDPA and
   lets PyTorch pick the backend; this pins it, which is the comparison the GPU section asks for.
+- `sdpa_efficient`: the memory-efficient kernel (CUDA only; fp32 and bf16), the backend SDPA falls back to when
+  a padding mask rules flash out — what `full` runs on in padded training batches.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-REFERENCES = {"sdpa_math": SDPBackend.MATH, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
+REFERENCES = {
+    "sdpa_math": SDPBackend.MATH,
+    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
 
 
 class SDPAReference(nn.Module):

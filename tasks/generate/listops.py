@@ -11,21 +11,40 @@ Speed: a tree is abandoned as soon as its running length reaches `max_length`; t
 same distribution (acceptance depends only on the final length, which only grows), but the generator does
 not build the huge trees it would reject. The official file cannot be regenerated bit for bit (its RNG was
 unseeded and its split follows Python set order); ours is reproducible from `--seed`.
+
+Parallel, and independent of the worker count (generator version 2): the candidate trees come in chunks of
+`CHUNK_TREES` accepted trees; chunk c draws from its own `random.Random` seeded by numpy's
+`SeedSequence(seed, spawn_key=(c,))` (independent streams, the standard way to split one seed). Chunks are
+merged in index order, duplicates dropped (first occurrence kept), until `num_samples` trees are in. Every
+accepted tree is still an independent draw from the same length-conditioned distribution and the split is the
+same prefix rule, so the distribution is version 1's; only which trees a given seed yields changed (version 1
+drew everything from one stream). `--workers` only decides how many processes compute chunks: the files are
+byte-identical for any worker count.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import multiprocessing as mp
+import os
 import random
 import sys
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
 VALUE_P = 0.25  # probability of an operator node below max depth
+# What a given seed produces: 1 = one sequential stream (before parallel generation); 2 = chunked streams.
+GENERATOR_VERSION = 2
+CHUNK_TREES = 256  # accepted trees per chunk; fixed (never derived from the worker count) — part of version 2
+MAX_WORKERS = 16  # default worker cap: beyond that the merge in the parent, not the sampling, is the bottleneck
 
 
 class _TooLong(Exception):
@@ -78,6 +97,75 @@ def sample(rng: random.Random, max_depth: int, max_args: int, max_length: int) -
     return text, value, max_length - budget[0]
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """The tree-shape and length knobs one chunk needs (picklable: it crosses into worker processes)."""
+
+    max_depth: int
+    max_args: int
+    min_length: int
+    max_length: int
+
+
+def chunk_seed(seed: int, index: int) -> int:
+    """128-bit seed of chunk `index`: numpy's SeedSequence split of `seed` (independent, reproducible streams)."""
+    state = np.random.SeedSequence(seed, spawn_key=(index,)).generate_state(4, dtype=np.uint32)
+    return int.from_bytes(state.astype("<u4").tobytes(), "little")
+
+
+def chunk_try_limit(size: int) -> int:
+    """Tries one chunk may spend: an acceptance rate under ~1/10000 means the bounds leave (almost) no trees."""
+    return 10_000 * size + 100_000
+
+
+def generate_chunk(seed: int, index: int, knobs: Knobs, size: int = CHUNK_TREES) -> tuple[list[tuple[str, int]], int]:
+    """Chunk `index`: up to `size` accepted (string, label) pairs (duplicates kept: the merge drops them) and
+    the number of tries spent. A pure function of its arguments, wherever it runs."""
+    rng = random.Random(chunk_seed(seed, index))
+    out: list[tuple[str, int]] = []
+    tries, limit = 0, chunk_try_limit(size)
+    while len(out) < size and tries < limit:
+        tries += 1
+        item = sample(rng, knobs.max_depth, knobs.max_args, knobs.max_length)
+        if item is not None and item[2] > knobs.min_length:
+            out.append((item[0], item[1]))
+    return out, tries
+
+
+def default_workers() -> int:
+    """The cores this process may use, capped at MAX_WORKERS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_WORKERS))
+
+
+def _chunks_in_order(seed: int, knobs: Knobs, workers: int):
+    """Chunk results for index 0, 1, 2, … in order; `workers` processes compute ahead of the consumer.
+
+    A `forkserver` pool: no fork of a possibly multi-threaded caller (a training process), and the workers
+    import only this module. At most 2 chunks per worker are in flight, so stopping early wastes little.
+    """
+    if workers <= 1:
+        index = 0
+        while True:
+            yield generate_chunk(seed, index, knobs)
+            index += 1
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver")) as pool:
+        pending: deque[Future] = deque()
+        index = 0
+        try:
+            while True:
+                while len(pending) < 2 * workers:
+                    pending.append(pool.submit(generate_chunk, seed, index, knobs))
+                    index += 1
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
 def generate(
     num_samples: int,
     seed: int = 0,
@@ -87,32 +175,51 @@ def generate(
     max_length: int = 2000,
     progress: bool = True,
     max_tries: int | None = None,
+    workers: int | None = None,
 ) -> list[tuple[str, int]]:
-    """`num_samples` distinct (string, label) pairs with `min_length < length < max_length`."""
+    """`num_samples` distinct (string, label) pairs with `min_length < length < max_length`.
+
+    `workers` processes (default: all cores, capped at MAX_WORKERS) compute the chunks; the result does not
+    depend on it (see the module docstring)."""
     if not 0 <= min_length < max_length - 1:
         raise ValueError(f"need 0 <= min_length < max_length - 1, got min_length={min_length}, max_length={max_length}")
-    rng = random.Random(seed)
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers={workers}: need at least 1 process")
+    knobs = Knobs(max_depth, max_args, min_length, max_length)
+    limit = max_tries or 10_000 * max(num_samples, 1) + 100_000
+    needed_chunks = -(-num_samples // CHUNK_TREES)
+    workers = min(workers, max(needed_chunks, 1))  # no idle processes for a small request
     seen: set[str] = set()
     out: list[tuple[str, int]] = []
-    tries, limit = 0, max_tries or 10_000 * max(num_samples, 1) + 100_000
+    tries = 0
     bar = Progress(
         TextColumn("ListOps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), disable=not progress
     )
-    with bar:
-        task = bar.add_task("generate", total=num_samples)
-        while len(out) < num_samples:
-            tries += 1
-            if tries > limit:
-                raise RuntimeError(
-                    f"ListOps: only {len(out)} of {num_samples} trees in {limit} tries with min_length={min_length}, "
-                    f"max_length={max_length}, max_depth={max_depth}, max_args={max_args}; widen the length bounds"
-                )
-            item = sample(rng, max_depth, max_args, max_length)
-            if item is None or item[2] <= min_length or item[0] in seen:
-                continue
-            seen.add(item[0])
-            out.append((item[0], item[1]))
-            bar.advance(task)
+    chunks = _chunks_in_order(seed, knobs, workers)  # the pool starts before rich's refresh thread
+    try:
+        with bar:
+            task = bar.add_task("generate", total=num_samples)
+            while len(out) < num_samples:
+                rows, spent = next(chunks)
+                tries += spent
+                if len(rows) < CHUNK_TREES or tries > limit:  # a chunk that ran out of tries: hopeless bounds
+                    raise RuntimeError(
+                        f"ListOps: only {len(out)} of {num_samples} trees in {tries} tries with "
+                        f"min_length={min_length}, max_length={max_length}, max_depth={max_depth}, "
+                        f"max_args={max_args}; widen the length bounds"
+                    )
+                before = len(out)
+                for text, label in rows:
+                    if text in seen:
+                        continue
+                    seen.add(text)
+                    out.append((text, label))
+                    if len(out) == num_samples:
+                        break
+                bar.advance(task, len(out) - before)
+    finally:
+        chunks.close()
     return out
 
 
@@ -131,12 +238,13 @@ def write_splits(
     num_test: int = 2_000,
     task: str = "basic",
     progress: bool = True,
+    workers: int | None = None,
     **knobs: int,
 ) -> Path:
     """Generate and write `{task}_{train,val,test}.tsv` into `out_dir`; returns `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = generate(num_train + num_val + num_test, progress=progress, **knobs)
+    rows = generate(num_train + num_val + num_test, progress=progress, workers=workers, **knobs)
     splits = {
         "train": rows[:num_train],
         "val": rows[num_train : num_train + num_val],
@@ -161,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=2000, help="exclusive upper bound on tokens")
     p.add_argument("--task", default="basic", help="file prefix: <task>_train.tsv")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help=f"processes (default: all cores, at most {MAX_WORKERS}); the files do not depend on it",
+    )
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     try:
@@ -171,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             a.num_test,
             a.task,
             progress=not a.no_progress,
+            workers=a.workers,
             seed=a.seed,
             max_depth=a.max_depth,
             max_args=a.max_args,
