@@ -62,7 +62,7 @@ STAGES = [
 
 ENV_PROBE = """
 import json, torch
-from lra_bench.envinfo import environment
+from lra_bench.record.provenance import environment
 e = environment()
 e["cuda_available"] = torch.cuda.is_available()
 if e["cuda_available"]:
@@ -541,8 +541,8 @@ class Check:
         return body
 
     def stage_table(self, rec: StageRecord, timeout: float) -> None:
-        from lra_bench.leaderboard_data import as_percent
-        from lra_bench.published import load_published
+        from lra_bench.leaderboard.aggregate import as_percent
+        from lra_bench.leaderboard.published import load_published
 
         _, published = load_published()
         listops = {r.attn: r for r in published if r.source == plans.PUBLISHED_SOURCE and r.scores.get("listops")}
