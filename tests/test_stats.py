@@ -226,6 +226,15 @@ def test_one_seed_per_task_sign_flip_is_calibrated() -> None:
     assert np.mean(p < 0.3) == pytest.approx(0.3, abs=3 * math.sqrt(0.3 * 0.7 / draws))
 
 
+def test_significant_needs_the_p_value_and_the_printed_interval_to_agree() -> None:
+    p = np.array([0.01, 0.01, 0.20, np.nan, 0.01])
+    low = np.array([0.005, -0.01, 0.005, 0.005, np.nan])
+    high = np.array([0.02, 0.02, 0.02, 0.02, np.nan])
+    delta = np.array([0.01, 0.005, 0.01, 0.01, 0.01])
+    # p < α with 0 inside the interval (a 1-seed bootstrap interval against the exact test) is not a win
+    assert core.significant(p, low, high, delta, 0.05).tolist() == [True, False, False, False, True]
+
+
 # -- wording -------------------------------------------------------------------------------------------------------
 def test_verdict_wording() -> None:
     win = compare_paired([SeedOutcome(s, 0.40 + d, 0.40) for s, d in enumerate((0.010, 0.013, 0.012))])

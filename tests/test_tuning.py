@@ -74,6 +74,11 @@ def test_a_bad_or_missing_search_dir_is_one_config_error(tmp_path: Path) -> None
         check_resolvable(compose(["tuning=tuned", f"tuning.search_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match=r"Missing mandatory value: tuning.search_dir"):
         check_resolvable(compose(["tuning=tuned"]))
+    proc = run_cli(["tuning=tuned", f"tuning.search_dir={tmp_path}", *TINY_LISTOPS], tmp_path, check=False)
+    (line,) = proc.stderr.strip().splitlines()  # run.py: one line, exit 2, nothing built
+    assert (
+        proc.returncode == 2 and line.startswith("error: ") and f"tuning.search_dir={tmp_path}: no tuning.yaml" in line
+    )
     cfg = compose(["attn=gpa"])
     with open_dict(cfg):
         cfg.optim.lr = "${oc.env:LRA_TEST_UNSET_VARIABLE}"
