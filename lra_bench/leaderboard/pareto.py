@@ -189,7 +189,7 @@ def plot(chart: Chart, path: Path) -> Path:
     for fraction in (0.25, 0.5, 1.0):  # size key: area ∝ memory from 0, so half the area = half the memory
         ax.scatter([], [], s=BUBBLE * fraction, color="grey", alpha=0.3, edgecolors="black", linewidths=0.5,
                    label=f"{fraction * biggest:,.{digits}f}")  # fmt: skip
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, labelspacing=2.4, borderpad=1.4,
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, labelspacing=3.4, borderpad=1.6,
               title=f"bubble area ∝\n{chart.memory_label}", title_fontsize=8, frameon=False)  # fmt: skip
     ax.grid(alpha=0.3, which="major")
     ax.set_title(chart.title + "\n(error bars: 95% CI over seeds)", fontsize=10)
