@@ -244,4 +244,4 @@ def test_api_returns_paths_and_rows_and_wandb_is_a_no_op_offline(tmp_path: Path)
     assert result["markdown"] == tmp_path / "leaderboard.md" and result["markdown"].exists()
     assert result["csv"].exists() and result["plots"] == []
     assert [r["test_acc_mean"] for r in result["rows"]] == [pytest.approx(40.0)]
-    assert log_to_wandb(result) is False  # no W&B run: nothing happens, nothing raises
+    assert log_to_wandb(result) is None  # WANDB_MODE=disabled (the tests' default): nothing happens, nothing raises

@@ -139,7 +139,19 @@ def check_writable(output_dir: str | Path) -> None:
         ) from None
 
 
+def check_resolvable(cfg: DictConfig) -> None:
+    """Every interpolation resolves (`${tuned:...}` of `tuning=tuned`, `${oc.env:...}`): else one line naming the key
+    and the resolver's own message, instead of a traceback from wherever the value is first read."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or getattr(err, "key", None) or "config"
+        message = str(err).splitlines()[0]
+        raise ConfigError(f"{key}: {message}") from None
+
+
 def validate(cfg: DictConfig) -> None:
+    check_resolvable(cfg)
     check_components(cfg)
     check_selector(cfg)
     check_landmarks(cfg)

@@ -1,9 +1,10 @@
 """Tables across runs: every `results.json` below some dirs → leaderboard.md/.csv/plots beside published numbers.
 
 `python -m lra_bench.leaderboard DIR...` (see `build`). Modules: `aggregate` (records → rows: the numbers),
-`render` (rows → markdown/CSV/PNG), `published` (papers' tables, `published.json`), `sweep_callback` (the Hydra
-callback that builds the table at the end of every multirun). Kept light at import: Hydra instantiates the sweep
-callback in every process, so heavy modules load only when used.
+`uncertainty` (CI and tie-aware rank columns), `render` (rows → markdown/CSV/PNG), `pareto` (the
+speed–accuracy–memory bubble charts), `wandb_log` (the leaderboard as a W&B run), `published` (papers' tables,
+`published.json`), `sweep_callback` (the Hydra callback that builds the table at the end of every multirun). Kept
+light at import: Hydra instantiates the sweep callback in every process, so heavy modules load only when used.
 """
 
 from __future__ import annotations

@@ -172,6 +172,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
         peaks = [m.get("peak_memory_mib") for m in metrics if m.get("peak_memory_mib") is not None]
         params = [m.get("params") for m in metrics if m.get("params") is not None]
         step = _median(m.get("step_time_median_s") for m in metrics)
+        seq_lens = {(r.get("data") or {}).get("seq_len") for r in runs}  # the Pareto chart's "same length"
         rows.append(
             {
                 **dict(zip(GROUP_KEYS, key)),
@@ -187,6 +188,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "peak_memory_mib": max(float(p) for p in peaks) if peaks else None,
                 "params": max(int(p) for p in params) if params else None,
                 "device": _devices(runs),
+                "seq_len": seq_lens.pop() if len(seq_lens) == 1 else None,
             }
         )
     return rows, superseded

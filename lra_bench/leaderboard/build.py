@@ -2,8 +2,9 @@
 
 Reads only result records (DESIGN §4), so it works offline, on any cluster filesystem, and on a sweep that
 is still running. Writes `leaderboard.md`, `leaderboard.csv` (one row per group), `leaderboard_wide.csv`
-(one row per method, ours and published) and `leaderboard_<task>.png`. `build_leaderboard` is the same
-thing as a function, for a Hydra `on_multirun_end` callback.
+(one row per method, ours and published), `leaderboard_<task>.png` and the speed–accuracy–memory bubble
+charts `leaderboard_pareto_<protocol>_<task|avg5>.png` (`pareto`); `--wandb` also logs them to a W&B run
+(`wandb_log`). `build_leaderboard` is the same thing as a function, for a Hydra `on_multirun_end` callback.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from lra_bench.leaderboard import aggregate as data
+from lra_bench.leaderboard import pareto, uncertainty, wandb_log
 from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
+from lra_bench.leaderboard.wandb_log import log_to_wandb
 
 MARKDOWN, CSV, WIDE_CSV = "leaderboard.md", "leaderboard.csv", "leaderboard_wide.csv"
 
@@ -23,9 +25,11 @@ MARKDOWN, CSV, WIDE_CSV = "leaderboard.md", "leaderboard.csv", "leaderboard_wide
 def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = None, plots: bool = True) -> dict:
     """Collect, aggregate and write every output; return their paths and the rows.
 
-    Returns a dict with `markdown`, `csv`, `wide_csv` (paths), `plots` (paths), `rows` (one per group),
-    `wide` (one per method, ours), `published` (published rows, same shape), `published_sources`,
-    `failures`, `unreadable`, `superseded` and `n_files`. Never raises on a bad record: it is listed under `unreadable`.
+    Returns a dict with `markdown`, `csv`, `wide_csv` (paths), `plots` (paths, the Pareto charts included),
+    `pareto` (`pareto.Chart`s), `rows` (one per group), `wide` (one per method, ours), `published` (published
+    rows, same shape), `published_sources`, `failures`, `unreadable`, `superseded`, `n_files`, `dirs` and `wandb`
+    (the runs' W&B project/entity/group, for `log_to_wandb`). Never raises on a bad record: it is listed under
+    `unreadable`.
     """
     if not dirs:
         raise ValueError("build_leaderboard needs at least one directory")
@@ -37,6 +41,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     failures = data.failures_of(records)
     rows, superseded = data.group_rows(records)
     wide = data.wide_rows(rows, failures)
+    uncertainty.add_uncertainty(rows, wide)  # CI and tie-aware rank columns
     sources, published_rows = load_published()
     published = data.published_wide_rows(published_rows)
 
@@ -46,6 +51,8 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
         for task in tasks:
             task_rows = [r for r in rows if r["task"] == task]
             plot_paths.append(render.plot_task(out / f"leaderboard_{task}.png", task, task_rows))
+    charts, chart_notes = pareto.build_charts(rows, wide, out, plots)
+    sections = [*render.uncertainty_section(wide), *pareto.pareto_section(charts, chart_notes)]
 
     md_path = out / MARKDOWN
     md_path.write_text(
@@ -60,6 +67,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
             unreadable,
             superseded,
             plot_paths,
+            sections,
         )
     )
     csv_path = render.write_csv(out / CSV, rows, render.GROUP_COLUMNS)
@@ -68,7 +76,10 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
         "markdown": md_path,
         "csv": csv_path,
         "wide_csv": wide_path,
-        "plots": plot_paths,
+        "plots": [*plot_paths, *(c.path for c in charts if c.path is not None)],
+        "pareto": charts,
+        "dirs": [str(d) for d in dirs],
+        "wandb": wandb_log.settings_from_records(records),
         "rows": rows,
         "wide": wide,
         "published": published,
@@ -80,27 +91,6 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     }
 
 
-def log_to_wandb(table: dict[str, Any] | Sequence[dict[str, Any]], key: str = "leaderboard") -> bool:
-    """Log the grouped rows as a `wandb.Table`, only when a W&B run is active and online.
-
-    Offline or disabled runs (our default, DESIGN §7) are left alone: an offline sync of a table built
-    after the fact would land in a run that never produced it. Returns whether anything was logged.
-    """
-    try:
-        import wandb
-    except ImportError:
-        return False
-    run = getattr(wandb, "run", None)
-    if run is None or getattr(run, "offline", True) or getattr(run, "disabled", False):
-        return False
-    rows = list(table["rows"] if isinstance(table, dict) else table)
-    if not rows:
-        return False
-    columns = list(rows[0])
-    run.log({key: wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])})
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lra_bench.leaderboard",
@@ -109,14 +99,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (searched recursively)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the first DIR)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--wandb", action="store_true", help="also log the table to the active online W&B run")
+    parser.add_argument(
+        "--wandb",
+        nargs="?",
+        const="auto",
+        choices=("auto", *wandb_log.MODES),
+        default=None,
+        help="also log the tables and charts to a W&B run (job_type leaderboard, the sweep's group): offline unless "
+        "`online` is given or WANDB_MODE=online",
+    )
+    parser.add_argument("--wandb-group", default=None, help="W&B group (default: the sweep runs' logger.wandb.group)")
+    parser.add_argument("--wandb-project", default=None, help="W&B project (default: the sweep runs' project)")
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
         parser.error(f"no such directory: {', '.join(missing)}")
     result = build_leaderboard(args.dirs, args.out, plots=not args.no_plots)
+    wandb_dir, wandb_failed = None, False
     if args.wandb:
-        log_to_wandb(result)
+        mode = wandb_log.resolve_mode(None if args.wandb == "auto" else args.wandb)
+        wandb_dir = log_to_wandb(result, mode=mode, project=args.wandb_project, group=args.wandb_group)
+        wandb_failed = wandb_dir is None and mode != "disabled"
     print(
         f"{result['n_files']} results.json: {len(result['rows'])} groups, {len(result['failures'])} failed or "
         f"unfinished, {len(result['unreadable'])} unreadable"
@@ -125,4 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {result[name]}")
     for plot in result["plots"]:
         print(f"  {plot}")
-    return 0
+    if wandb_dir is not None:
+        print(f"  W&B: {wandb_dir}")
+    return 1 if wandb_failed else 0

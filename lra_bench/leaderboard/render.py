@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lra_bench.leaderboard import uncertainty
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
 
 GROUP_COLUMNS = (
@@ -30,6 +31,7 @@ GROUP_COLUMNS = (
     "peak_memory_mib",
     "params",
     "device",
+    *uncertainty.GROUP_COLUMNS,
 )
 WIDE_COLUMNS = (
     "kind",
@@ -47,6 +49,7 @@ WIDE_COLUMNS = (
     "pathx_counted_as_50",
     "flag",
     "note",
+    *uncertainty.WIDE_COLUMNS,
 )
 AVG5_LABEL = "Avg-5"
 AVG6_LABEL = "Avg-6 (Path-X ✗=50)"
@@ -111,8 +114,10 @@ def render_markdown(
     unreadable: Sequence[dict[str, str]],
     superseded: Sequence[dict[str, Any]],
     plots: Sequence[Path],
+    sections: Sequence[str] = (),
 ) -> str:
-    """The whole `leaderboard.md`: summary by protocol, published rows, groups, failures, bad files."""
+    """The whole `leaderboard.md`: summary by protocol, `sections` (markdown lines: uncertainty, Pareto), published
+    rows, groups, failures, bad files."""
     out = [
         "# LRA leaderboard",
         "",
@@ -135,6 +140,7 @@ def render_markdown(
         out += [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
     if not protocols:
         out += ["(no completed runs)", ""]
+    out += list(sections)
 
     out += ["## Published reference rows (not ours)", "", CONVENTIONS, ""]
     for src in sources.values():
@@ -255,3 +261,43 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
     fig.suptitle(f"{TASK_LABELS.get(task, task)}: accuracy against cost (mean ± std over seeds)")
     fig.savefig(path, dpi=110)
     return path
+
+
+def _interval_cell(row: dict[str, Any], key: str, rank_key: str) -> str:
+    mean = row.get(key)
+    if mean is None:
+        return "—"
+    lo, hi = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
+    if lo is None:
+        return f"{mean:.2f} (n=1)" if row.get(f"{key}_n") == 1 else f"{mean:.2f}"
+    return f"{mean:.2f} [{lo:.2f}, {hi:.2f}] #{row.get(rank_key)}"
+
+
+def uncertainty_section(wide: Sequence[dict[str, Any]]) -> list[str]:
+    """Our methods per protocol: every task and both averages as mean [95% CI] #rank (ties share a rank)."""
+    ours = [r for r in wide if r.get("kind") == "ours"]
+    if not ours:
+        return []
+    out = [
+        "## Ranking with uncertainty (ours)",
+        "",
+        "Each cell: mean test accuracy [95% confidence interval] #rank. The interval is Student-t over the seeds "
+        "(n ≥ 2; one seed has none); an average's interval combines its tasks' seed spreads (Welch–Satterthwaite), "
+        f"and a Path-X counted as 50 in {AVG6_LABEL} adds none. Rank = 1 + the number of methods whose interval lies "
+        "wholly above this one's, so methods whose intervals overlap are tied.",
+        "",
+    ]
+    for protocol in sorted({str(r["protocol"]) for r in ours}):
+        header = ["method", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+        body = [
+            [
+                r["method"],
+                *(_interval_cell(r, t, f"{t}_rank") for t in TASKS),
+                _interval_cell(r, "avg5", "rank_avg5"),
+                _interval_cell(r, "avg6", "rank_avg6"),
+            ]
+            for r in ours
+            if str(r["protocol"]) == protocol
+        ]
+        out += [f"### protocol: {protocol}", "", *_md_table(header, body), ""]
+    return out

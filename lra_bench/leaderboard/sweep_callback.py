@@ -5,7 +5,8 @@
   `results.json` say so. `train()` normally records its own failure; this catches what it cannot — a config
   error raised before the record existed, or a record left at "running". Rank 0 only.
 * `on_multirun_end` (runs once, where the sweep was launched): build the leaderboard in the sweep dir
-  (`leaderboard.md`, CSVs, plots) from every `results.json`, and log the table to W&B when W&B is online.
+  (`leaderboard.md`, CSVs, plots) from every `results.json`, and log the tables and charts to a W&B run of their
+  own when the sweep's runs log to W&B (online or offline, as they do; `lra_bench.leaderboard.wandb_log`).
   Hydra skips `on_multirun_end` when any job failed (the sweeper re-raises the first failure), so the callback
   also registers an exit hook at `on_multirun_start` that builds the leaderboard — failures listed — in that
   case; the sweep still exits non-zero.
@@ -117,27 +118,11 @@ class LeaderboardCallback(Callback):
         return table
 
     def _log_wandb(self, table: dict[str, Any]) -> None:
+        """The same W&B run as `python -m lra_bench.leaderboard DIR --wandb`, in the sweep's mode and group."""
         w = self._wandb_cfg or {}
         mode = os.environ.get("WANDB_MODE", w.get("mode") or "disabled")
-        if not w.get("enabled") or mode != "online":
+        if not w.get("enabled") or mode not in ("online", "offline"):
             return
-        try:
-            import wandb
+        from lra_bench.leaderboard import log_to_wandb
 
-            from lra_bench.leaderboard import log_to_wandb
-
-            run = wandb.init(
-                project=w.get("project"),
-                entity=w.get("entity"),
-                group=w.get("group"),
-                job_type="leaderboard",
-                name=f"leaderboard-{Path(str(self._sweep_dir)).name}",
-                dir=str(self._sweep_dir),
-                mode="online",
-            )
-            try:
-                log_to_wandb(table)
-            finally:
-                run.finish()
-        except Exception as err:  # no network, no key: the files are written already
-            print(f"[lra-bench] could not log the leaderboard to W&B: {type(err).__name__}: {err}", file=sys.stderr)
+        log_to_wandb(table, mode=mode, project=w.get("project"), entity=w.get("entity"), group=w.get("group"))

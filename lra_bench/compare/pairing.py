@@ -1,0 +1,213 @@
+"""Pair the two sides' runs by task and seed, their test examples by position, and compute the answer.
+
+Per-example outputs (`test_predictions.npz`) are used when both runs of a seed have them; their labels must be
+identical (same test split, same order), else the pairing would be meaningless and the comparison is refused.
+Without them the comparison falls back to seed-level accuracies and says so. Efficiency (median step time, peak
+memory) comes from the same runs, and is marked not comparable when the runs ran on different hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lra_bench.compare.sides import CompareError, Side
+from lra_bench.leaderboard.aggregate import task_order
+from lra_bench.record import predictions
+from lra_bench.stats.paired import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    PairedResult,
+    SeedOutcome,
+    compare_average,
+    compare_paired,
+    outcome_from_predictions,
+)
+from lra_bench.stats.summary import holm
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Medians over the paired seeds; ratios are A / B (a step-time ratio < 1 = A is faster)."""
+
+    step_time_a_s: float | None
+    step_time_b_s: float | None
+    peak_memory_a_mib: float | None
+    peak_memory_b_mib: float | None
+    comparable: bool
+    note: str = ""
+
+    @property
+    def step_time_ratio(self) -> float | None:
+        return _ratio(self.step_time_a_s, self.step_time_b_s)
+
+    @property
+    def memory_ratio(self) -> float | None:
+        return _ratio(self.peak_memory_a_mib, self.peak_memory_b_mib)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b not in (None, 0.0) else None
+
+
+@dataclass
+class TaskComparison:
+    task: str
+    seeds: list[Any]
+    only_a: list[Any]
+    only_b: list[Any]
+    result: PairedResult
+    efficiency: Efficiency
+    holm_p: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def acc_a(self) -> float:
+        return float(np.mean([o.acc_a for o in self.result.outcomes]))
+
+    @property
+    def acc_b(self) -> float:
+        return float(np.mean([o.acc_b for o in self.result.outcomes]))
+
+
+def _predictions_path(record: dict[str, Any]) -> Path:
+    return Path(record["_path"]).with_name(predictions.FILENAME)
+
+
+def seed_outcome(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any], notes: list[str]) -> SeedOutcome:
+    """Per-example outcomes when both runs saved them (labels checked equal), else the records' accuracies."""
+    pa, pb = _predictions_path(rec_a), _predictions_path(rec_b)
+    if pa.exists() and pb.exists():
+        try:
+            a, b = predictions.load_predictions(pa), predictions.load_predictions(pb)
+        except (OSError, ValueError, KeyError) as err:
+            raise CompareError(f"unreadable test predictions ({err}): {pa} / {pb}") from None
+        if a.label.shape != b.label.shape or not np.array_equal(a.label, b.label):
+            differ = int(np.sum(a.label != b.label)) if a.label.shape == b.label.shape else None
+            what = (
+                f"labels differ at {differ} of {a.label.size} positions"
+                if differ is not None
+                else (f"{a.label.size} vs {b.label.size} examples")
+            )
+            raise CompareError(f"test predictions are not on the same test examples ({what}): {pa} and {pb}")
+        for rec, pred, path in ((rec_a, a, pa), (rec_b, b, pb)):
+            recorded = (rec.get("metrics") or {}).get("test_acc")
+            if recorded is not None and abs(float(recorded) - pred.accuracy) > 1e-6:
+                notes.append(f"{path}: accuracy {pred.accuracy:.4f} ≠ the record's test_acc {float(recorded):.4f}")
+        return outcome_from_predictions(seed, a.correct, b.correct)
+    return SeedOutcome(seed, float(rec_a["metrics"]["test_acc"]), float(rec_b["metrics"]["test_acc"]))
+
+
+def _hardware(record: dict[str, Any]) -> str:
+    return json.dumps((record.get("env") or {}).get("hardware") or {}, sort_keys=True, default=str)
+
+
+def _median(values: Sequence[Any]) -> float | None:
+    nums = [float(v) for v in values if v is not None]
+    return statistics.median(nums) if nums else None
+
+
+def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> Efficiency:
+    hardware = {_hardware(r) for r in (*a, *b)}
+    comparable = len(hardware) == 1
+    note = "" if comparable else f"measured on {len(hardware)} different hardware setups: not comparable"
+
+    def metric(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+        return _median([(r.get("metrics") or {}).get(key) for r in runs])
+
+    return Efficiency(
+        metric(a, "step_time_median_s"),
+        metric(b, "step_time_median_s"),
+        metric(a, "peak_memory_mib"),
+        metric(b, "peak_memory_mib"),
+        comparable,
+        note,
+    )
+
+
+def common_tasks(a: Side, b: Side) -> tuple[list[str], list[str], list[str]]:
+    """(tasks on both sides, tasks only in A, tasks only in B), in LRA column order."""
+    both = sorted(set(a.runs) & set(b.runs), key=task_order)
+    return both, sorted(set(a.runs) - set(b.runs), key=task_order), sorted(set(b.runs) - set(a.runs), key=task_order)
+
+
+def compare_task(
+    a: Side, b: Side, task: str, index: int, level: float, n_resamples: int, seed: int
+) -> TaskComparison | None:
+    runs_a, runs_b = a.runs[task], b.runs[task]
+    seeds = sorted(set(runs_a) & set(runs_b), key=str)
+    only_a = sorted(set(runs_a) - set(runs_b), key=str)
+    only_b = sorted(set(runs_b) - set(runs_a), key=str)
+    if not seeds:
+        return None
+    notes: list[str] = []
+    outcomes = [seed_outcome(s, runs_a[s], runs_b[s], notes) for s in seeds]
+    without = [str(o.seed) for o in outcomes if not o.has_examples]
+    if without:
+        notes.append(
+            f"no per-example test outputs ({predictions.FILENAME}) for both runs of seed(s) {', '.join(without)}: "
+            "seed-level statistics only"
+        )
+    # each task its own random stream, so the tasks' bootstrap draws are independent (the average relies on it)
+    result = compare_paired(outcomes, level=level, n_resamples=n_resamples, seed=(seed, index))
+    eff = efficiency([runs_a[s] for s in seeds], [runs_b[s] for s in seeds])
+    return TaskComparison(task, seeds, only_a, only_b, result, eff, notes=notes)
+
+
+@dataclass
+class Comparison:
+    a: Side
+    b: Side
+    tasks: list[TaskComparison]
+    average: PairedResult | None
+    unpaired_tasks: list[str]
+    only_a: list[str]
+    only_b: list[str]
+    level: float
+    n_resamples: int
+    seed: int
+
+    @property
+    def average_efficiency(self) -> tuple[float | None, float | None]:
+        """Geometric means over tasks of the step-time and memory ratios (comparable tasks only)."""
+
+        def geo(values: list[float | None]) -> float | None:
+            nums = [v for v in values if v is not None and v > 0]
+            return math.exp(statistics.fmean(math.log(v) for v in nums)) if nums else None
+
+        ok = [t.efficiency for t in self.tasks if t.efficiency.comparable]
+        return geo([e.step_time_ratio for e in ok]), geo([e.memory_ratio for e in ok])
+
+
+def compare_sides(
+    a: Side,
+    b: Side,
+    level: float = 0.95,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> Comparison:
+    tasks, only_a, only_b = common_tasks(a, b)
+    if not tasks:
+        raise CompareError(
+            f"A and B share no task (A: {', '.join(sorted(a.runs)) or '-'}; B: {', '.join(sorted(b.runs)) or '-'})"
+        )
+    compared, unpaired = [], []
+    for index, task in enumerate(tasks):
+        item = compare_task(a, b, task, index, level, n_resamples, seed)
+        if item is None:
+            unpaired.append(task)
+        else:
+            compared.append(item)
+    if not compared:
+        raise CompareError(f"A and B share no seed on any common task ({', '.join(tasks)})")
+    for item, p in zip(compared, holm([t.result.p for t in compared])):
+        item.holm_p = p
+    average = compare_average([t.result for t in compared], level, n_resamples, seed) if len(compared) > 1 else None
+    return Comparison(a, b, compared, average, unpaired, only_a, only_b, level, n_resamples, seed)

@@ -1,0 +1,255 @@
+"""The LRA paper's picture (Tay et al. 2021, Figure 3) for any sweep: accuracy against speed, memory as bubble area.
+
+* x: training speed relative to full attention at the same protocol, task, sequence length and device — full
+  attention's median step time over this method's (> 1 = faster). Log scale: 2× faster sits as far right of 1 as
+  2× slower sits left of it.
+* y: test accuracy on one task, or the LRA 5-task average (`avg5`) for methods with all five tasks; for the average,
+  x is the geometric mean of the five tasks' relative speeds.
+* bubble area ∝ peak memory (MiB on a task chart; relative to full attention, geometric mean over tasks, on the
+  average chart). On CPU runs peak memory is the process's peak RSS (see `lra_bench.run.efficiency`).
+* The Pareto frontier — methods no other method beats on both speed and accuracy — is drawn and listed.
+
+A method without a full-attention run to compare with (same key) has no x and is left out, with a note.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lra_bench.leaderboard.aggregate import METHOD_KEYS, method_label
+from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
+
+REFERENCE = "full"
+REFERENCE_KEYS = ("protocol", "task", "seq_len", "device")
+BUBBLE = 2000.0  # marker area (points²) of the largest memory
+
+
+@dataclass
+class Point:
+    method: str
+    protocol: str
+    speed: float  # relative to full attention (> 1 = faster)
+    accuracy: float  # percent
+    memory: float  # MiB (task chart) or relative to full attention (average chart)
+    ci: tuple[float, float] | None = None
+    on_frontier: bool = False
+
+
+@dataclass
+class Chart:
+    protocol: str
+    target: str  # a task key or "avg5"
+    points: list[Point]
+    memory_label: str
+    path: Path | None = None
+
+    @property
+    def title(self) -> str:
+        what = "LRA 5-task average" if self.target == "avg5" else TASK_LABELS.get(self.target, self.target)
+        return f"{what} [{self.protocol}]: accuracy, speed and memory"
+
+    @property
+    def frontier(self) -> list[Point]:
+        return sorted((p for p in self.points if p.on_frontier), key=lambda p: p.speed)
+
+
+def mark_frontier(points: Sequence[Point]) -> None:
+    """A point is on the frontier when no other point is at least as fast and as accurate, and better in one."""
+    for p in points:
+        p.on_frontier = not any(
+            q is not p
+            and q.speed >= p.speed
+            and q.accuracy >= p.accuracy
+            and (q.speed > p.speed or q.accuracy > p.accuracy)
+            for q in points
+        )
+
+
+def _key(row: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
+    return tuple(row.get(k) for k in keys)
+
+
+def _references(rows: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    return {
+        _key(r, REFERENCE_KEYS): r
+        for r in rows
+        if r.get("attn") == REFERENCE and r.get("seq_len") is not None and r.get("step_time_median_ms")
+    }
+
+
+def _relative(row: dict[str, Any], refs: dict[tuple[Any, ...], dict[str, Any]]) -> tuple[float, float | None] | None:
+    """(speed, memory) of a group row relative to its full-attention reference, or None without one."""
+    ref = refs.get(_key(row, REFERENCE_KEYS)) if row.get("seq_len") is not None else None
+    if ref is None or not row.get("step_time_median_ms"):
+        return None
+    speed = ref["step_time_median_ms"] / row["step_time_median_ms"]
+    mem = row.get("peak_memory_mib")
+    ref_mem = ref.get("peak_memory_mib")
+    return speed, (mem / ref_mem if mem is not None and ref_mem else None)
+
+
+def _label(row: dict[str, Any]) -> str:
+    return method_label(row.get("attn"), row.get("selector"), row.get("num_landmarks"))
+
+
+def task_charts(rows: Sequence[dict[str, Any]], notes: list[str]) -> list[Chart]:
+    refs = _references(rows)
+    charts: dict[tuple[str, str], Chart] = {}
+    for row in rows:
+        if row.get("test_acc_mean") is None:
+            continue
+        rel = _relative(row, refs)
+        key = (str(row.get("protocol")), str(row.get("task")))
+        if rel is None or row.get("peak_memory_mib") is None:
+            notes.append(
+                f"{_label(row)} on {key[1]} [{key[0]}]: left out of the chart (no full-attention run with the same "
+                "task, sequence length and device, or no step time / peak memory)"
+            )
+            continue
+        ci = (row["test_acc_ci_low"], row["test_acc_ci_high"]) if row.get("test_acc_ci_low") is not None else None
+        chart = charts.setdefault(key, Chart(key[0], key[1], [], "peak memory (MiB)"))
+        chart.points.append(Point(_label(row), key[0], rel[0], row["test_acc_mean"], row["peak_memory_mib"], ci))
+    return [charts[k] for k in sorted(charts, key=lambda k: (k[0], TASKS.index(k[1]) if k[1] in TASKS else 99))]
+
+
+def _geo(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def average_charts(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]]) -> list[Chart]:
+    """Methods with an LRA 5-task average and a full-attention reference on each of the five tasks."""
+    refs = _references(rows)
+    by_method: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_method.setdefault(_key(row, METHOD_KEYS), {})[row["task"]] = row
+    charts: dict[str, Chart] = {}
+    for method in wide:
+        if method.get("kind") != "ours" or method.get("avg5") is None:
+            continue
+        tasks = by_method.get(_key(method, METHOD_KEYS), {})
+        rel = [_relative(tasks[t], refs) if t in tasks else None for t in FIVE_TASKS]
+        if any(r is None or r[1] is None for r in rel):
+            continue
+        protocol = str(method.get("protocol"))
+        ci = (method["avg5_ci_low"], method["avg5_ci_high"]) if method.get("avg5_ci_low") is not None else None
+        chart = charts.setdefault(protocol, Chart(protocol, "avg5", [], "peak memory relative to full attention"))
+        speed, memory = _geo([r[0] for r in rel]), _geo([r[1] for r in rel])  # type: ignore[index,misc]
+        chart.points.append(Point(method["method"], protocol, speed, method["avg5"], memory, ci))
+    return [charts[k] for k in sorted(charts)]
+
+
+def plot(chart: Chart, path: Path) -> Path:
+    """Bubble chart with the frontier as a step line (matplotlib Agg, no global pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig = Figure(figsize=(10, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    biggest = max(p.memory for p in chart.points)
+    points = sorted(chart.points, key=lambda p: (p.speed, p.accuracy))
+    for i, p in enumerate(points):
+        color = f"C{i % 10}"
+        ax.scatter([p.speed], [p.accuracy], s=BUBBLE * p.memory / biggest, color=color, alpha=0.45,
+                   edgecolors="black", linewidths=0.8, zorder=2)  # fmt: skip
+        if p.ci is not None:
+            ax.errorbar([p.speed], [p.accuracy], yerr=[[p.accuracy - p.ci[0]], [p.ci[1] - p.accuracy]],
+                        fmt="none", ecolor=color, capsize=3, linewidth=1, zorder=3)  # fmt: skip
+        above = i % 2 == 0  # alternate labels above/below, so neighbours do not print over each other
+        gap = math.sqrt(BUBBLE * p.memory / biggest / math.pi) + 3  # the bubble's radius in points, and a bit
+        ax.annotate(f"{p.method}{' ★' if p.on_frontier else ''}", (p.speed, p.accuracy),
+                    xytext=(0, gap if above else -gap), textcoords="offset points", ha="center",
+                    va="bottom" if above else "top", fontsize=8, color=color, zorder=4)  # fmt: skip
+    front = chart.frontier
+    if len(front) > 1:
+        ax.step([p.speed for p in front], [p.accuracy for p in front], where="post", color="black",
+                linestyle="--", linewidth=1, label="Pareto frontier (★)", zorder=1)  # fmt: skip
+    else:
+        ax.plot([], [], " ", label=f"Pareto frontier (★): {front[0].method}" if front else "Pareto frontier: —")
+    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":", zorder=0)
+    ax.set_xscale("log")
+    speeds = [p.speed for p in chart.points]
+    ax.set_xlim(min(speeds + [1.0]) / 1.5, max(speeds + [1.0]) * 1.5)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    accs = [v for p in chart.points for v in (*(p.ci or ()), p.accuracy)]
+    pad = max(1.0, 0.12 * (max(accs) - min(accs)))
+    ax.set_ylim(min(accs) - pad, max(accs) + pad)
+    ax.set_xlabel("training speed relative to full attention (full's median step time / the method's)")
+    ax.set_ylabel("LRA 5-task average test accuracy (%)" if chart.target == "avg5" else "test accuracy (%)")
+    digits = 2 if chart.target == "avg5" else 0
+    for fraction in (0.25, 0.5, 1.0):  # size key: area ∝ memory from 0, so half the area = half the memory
+        ax.scatter([], [], s=BUBBLE * fraction, color="grey", alpha=0.3, edgecolors="black", linewidths=0.5,
+                   label=f"{fraction * biggest:,.{digits}f}")  # fmt: skip
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, labelspacing=3.4, borderpad=1.6,
+              title=f"bubble area ∝\n{chart.memory_label}", title_fontsize=8, frameon=False)  # fmt: skip
+    ax.grid(alpha=0.3, which="major")
+    ax.set_title(chart.title + "\n(error bars: 95% CI over seeds)", fontsize=10)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def build_charts(
+    rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]], out_dir: Path, plots: bool = True
+) -> tuple[list[Chart], list[str]]:
+    """Every chart this sweep supports (the 5-task average per protocol, then each task with ≥ 2 methods), with
+    their frontiers marked and (when `plots`) PNGs written as `leaderboard_pareto_<protocol>_<target>.png`."""
+    notes: list[str] = []
+    charts = [c for c in (*average_charts(rows, wide), *task_charts(rows, notes)) if len(c.points) >= 2]
+    for chart in charts:
+        mark_frontier(chart.points)
+        if plots:
+            chart.path = plot(chart, Path(out_dir) / f"leaderboard_pareto_{_slug(chart.protocol)}_{chart.target}.png")
+    return charts, notes
+
+
+def pareto_section(charts: Sequence[Chart], notes: Sequence[str]) -> list[str]:
+    """Markdown: each chart's image, its points and its frontier."""
+    if not charts and not notes:
+        return []
+    out = [
+        "## Speed, accuracy and memory (the LRA paper's Figure 3)",
+        "",
+        "x: training speed relative to full attention at the same task, sequence length and device (median step "
+        "times; > 1 = faster); y: test accuracy; bubble area ∝ peak memory. ★ = on the Pareto frontier (no other "
+        "method is both at least as fast and at least as accurate).",
+        "",
+    ]
+    for chart in charts:
+        out += [f"### {chart.title}", ""]
+        if chart.path is not None:
+            out += [f"![{chart.path.stem}]({chart.path.name})", ""]
+        out += ["| method | speed vs full | accuracy (%) | 95% CI | " + chart.memory_label + " | frontier |"]
+        out += ["|---|---|---|---|---|---|"]
+        for p in sorted(chart.points, key=lambda p: -p.speed):
+            ci = f"{p.ci[0]:.2f} – {p.ci[1]:.2f}" if p.ci else "—"
+            mem = f"{p.memory:.2f}" if chart.target == "avg5" else f"{p.memory:,.0f}"
+            out.append(
+                f"| {p.method} | {p.speed:.2f}× | {p.accuracy:.2f} | {ci} | {mem} | {'★' if p.on_frontier else ''} |"
+            )
+        out += ["", f"Pareto frontier: {', '.join(p.method for p in chart.frontier)}.", ""]
+    out += [f"- {n}" for n in notes]
+    return out + ([""] if notes else [])
+
+
+def points_table(charts: Sequence[Chart]) -> tuple[list[str], list[list[Any]]]:
+    """Columns and rows of every chart's points (for W&B)."""
+    columns = ["protocol", "target", "method", "speed_vs_full", "accuracy", "ci_low", "ci_high", "memory", "frontier"]
+    data = [
+        [c.protocol, c.target, p.method, p.speed, p.accuracy, *(p.ci or (None, None)), p.memory, p.on_frontier]
+        for c in charts
+        for p in c.points
+    ]
+    return columns, data

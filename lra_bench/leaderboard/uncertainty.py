@@ -1,0 +1,83 @@
+"""Uncertainty on the leaderboard: a confidence interval for every mean over seeds, and ranks that call a tie a tie.
+
+Added to the rows `aggregate` built (new columns only; nothing there changes):
+* group rows: `test_acc_ci_low/high` (Student-t over the row's seeds) and `rank` among the rows of the same
+  protocol and task;
+* method rows (ours): `<task>_ci_low/high`, `<task>_rank`, and for both averages `avg5_ci_low/high`, `rank_avg5`,
+  `avg6_ci_low/high`, `rank_avg6`. An average's interval combines the tasks' seed spreads (Welch–Satterthwaite);
+  a Path-X counted as 50 is a constant and adds none.
+Ranks (`lra_bench.stats.summary.tie_aware_ranks`): 1 + the number of methods whose interval lies wholly above —
+so methods whose intervals overlap share a rank. Rows with one seed have no interval and no rank.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS
+from lra_bench.stats.summary import average_interval, t_interval, tie_aware_ranks
+
+LEVEL = 0.95
+GROUP_COLUMNS = ("test_acc_ci_low", "test_acc_ci_high", "rank")
+WIDE_COLUMNS = (
+    *(f"{t}_{c}" for t in TASKS for c in ("ci_low", "ci_high", "rank")),
+    "avg5_ci_low",
+    "avg5_ci_high",
+    "rank_avg5",
+    "avg6_ci_low",
+    "avg6_ci_high",
+    "rank_avg6",
+)
+
+
+def _set_interval(row: dict[str, Any], prefix: str, ci: tuple[float, float] | None) -> None:
+    row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = ci if ci is not None else (None, None)
+
+
+def _rank(rows: Sequence[dict[str, Any]], prefix: str, out_key: str, by: Sequence[str]) -> None:
+    """Tie-aware ranks of `rows` within each group of equal `by` values, from `<prefix>_ci_low/high`."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(row.get(k) for k in by)].append(row)
+    for members in groups.values():
+        intervals = [
+            (r[f"{prefix}_ci_low"], r[f"{prefix}_ci_high"]) if r.get(f"{prefix}_ci_low") is not None else None
+            for r in members
+        ]
+        for row, rank in zip(members, tie_aware_ranks(intervals)):
+            row[out_key] = rank
+
+
+def _average(row: dict[str, Any], tasks: Sequence[str], pathx_as_constant: bool) -> tuple[float, float] | None:
+    parts: list[tuple[float, float | None, int | None]] = []
+    for task in tasks:
+        mean = row.get(task)
+        if mean is None:
+            if task == "pathx" and pathx_as_constant:
+                parts.append((PATHX_FAIL_SCORE, None, None))
+                continue
+            return None
+        parts.append((float(mean), row.get(f"{task}_std"), row.get(f"{task}_n")))
+    result = average_interval(parts, LEVEL)
+    return result[1] if result is not None else None
+
+
+def add_uncertainty(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]]) -> None:
+    """Add the interval and rank columns to `rows` (groups) and `wide` (our methods), in place."""
+    for row in rows:
+        _set_interval(
+            row, "test_acc", t_interval(row.get("test_acc_mean"), row.get("test_acc_std"), row.get("n"), LEVEL)
+        )
+    _rank(rows, "test_acc", "rank", by=("protocol", "task"))
+    ours = [r for r in wide if r.get("kind") == "ours"]
+    for row in ours:
+        for task in TASKS:
+            _set_interval(row, task, t_interval(row.get(task), row.get(f"{task}_std"), row.get(f"{task}_n"), LEVEL))
+        _set_interval(row, "avg5", _average(row, FIVE_TASKS, False) if row.get("avg5") is not None else None)
+        _set_interval(row, "avg6", _average(row, TASKS, True) if row.get("avg6") is not None else None)
+    for task in TASKS:
+        _rank(ours, task, f"{task}_rank", by=("protocol",))
+    _rank(ours, "avg5", "rank_avg5", by=("protocol",))
+    _rank(ours, "avg6", "rank_avg6", by=("protocol",))
