@@ -135,6 +135,8 @@ def test_every_registered_attention_is_swept(tmp_path: Path) -> None:
         ],
     )
     assert {r["attn"] for r in data["rows"]} == set(ATTENTIONS.names())
+    failed = [(r["attn"], r.get("selector"), r.get("error")) for r in data["rows"] if r["status"] != "ok"]
+    assert not failed, failed  # every configuration really ran (an error row would also carry the attention)
 
 
 def test_budget_skip_and_errors_do_not_stop_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
