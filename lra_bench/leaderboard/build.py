@@ -25,7 +25,8 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
 
     Returns a dict with `markdown`, `csv`, `wide_csv` (paths), `plots` (paths), `rows` (one per group),
     `wide` (one per method, ours), `published` (published rows, same shape), `published_sources`,
-    `failures`, `unreadable`, `superseded` and `n_files`. Never raises on a bad record: it is listed under `unreadable`.
+    `failures`, `unreadable`, `superseded`, `evaluations` (evaluated checkpoints, never rows) and `n_files`.
+    Never raises on a bad record: it is listed under `unreadable`.
     """
     if not dirs:
         raise ValueError("build_leaderboard needs at least one directory")
@@ -35,6 +36,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     paths = data.find_results(dirs)
     records, unreadable = data.load_records(paths)
     failures = data.failures_of(records)
+    evaluations = data.evaluations_of(records)
     rows, superseded = data.group_rows(records)
     wide = data.wide_rows(rows, failures)
     sources, published_rows = load_published()
@@ -60,6 +62,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
             unreadable,
             superseded,
             plot_paths,
+            evaluations,
         )
     )
     csv_path = render.write_csv(out / CSV, rows, render.GROUP_COLUMNS)
@@ -76,6 +79,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
         "failures": failures,
         "unreadable": unreadable,
         "superseded": superseded,
+        "evaluations": evaluations,
         "n_files": len(paths),
     }
 
