@@ -39,10 +39,12 @@ def selector_name(cfg: DictConfig) -> str | None:
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain JSON types (enums as their names: `task.source: auto`, as written in the YAML), so it
+    goes into a weights-only checkpoint and compares equal to a freshly composed config."""
     try:
-        container = OmegaConf.to_container(cfg, resolve=True)
+        container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     except Exception:  # a config error raised before the run could resolve it
-        container = OmegaConf.to_container(cfg, resolve=False)
+        container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     container = dict(container)  # type: ignore[arg-type]
     container.pop("hydra", None)
     return container
