@@ -77,6 +77,11 @@ def pool(x: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tens
 class Encoder(nn.Module):
     """Token ids `[B, N]` (+ mask) → pooled representation `[B, dim]`."""
 
+    @staticmethod
+    def total_length(seq_len: int, pooling: str) -> int:
+        """The length every attention sees: the sequence plus the CLS token that `cls` pooling prepends."""
+        return seq_len + int(pooling == "cls")
+
     def __init__(
         self,
         vocab_size: int,
@@ -95,7 +100,7 @@ class Encoder(nn.Module):
             raise ValueError(f"model.pooling={pooling!r}: expected one of {POOLINGS}")
         self.pooling = pooling
         self.use_cls = pooling == "cls"
-        total_len = seq_len + int(self.use_cls)
+        total_len = self.total_length(seq_len, pooling)
         self.token_emb = nn.Embedding(vocab_size, dim)
         self.pos_emb = nn.Embedding(total_len, dim)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if self.use_cls else None

@@ -13,7 +13,9 @@ import pytest
 
 from lra_bench.config.validate import ConfigError
 from lra_bench.record import results
+from lra_bench.record.predictions import load_predictions
 from tests.conftest import TINY_LISTOPS, compose, run_cli
+from tests.oracle import oracle
 
 
 def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
@@ -37,6 +39,7 @@ def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
 @pytest.mark.timeout(900)
 def test_ddp_cpu_trains_and_writes_one_record(tmp_path: Path) -> None:
     args = [a for a in TINY_LISTOPS if a != "logger=csv"] + ["logger=default", "attn=nystrom", "trainer=ddp_cpu"]
+    args.append("task.gen_num_test=15")  # odd: Lightning's DistributedSampler pads the test split to 16
     wandb_env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir")}
     proc = run_cli(args, tmp_path, timeout=800, check=False, env=wandb_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -54,3 +57,11 @@ def test_ddp_cpu_trains_and_writes_one_record(tmp_path: Path) -> None:
     assert (out / "wandb_id.txt").read_text().strip() == record["run"]["wandb_id"]
     assert len(list(out.rglob("offline-run-*"))) == 1  # W&B from rank 0 only
     assert proc.stdout.count("result record:") == 1  # one summary
+    # per-example test outputs gathered from both ranks: each of the 15 test examples once, in split order
+    best = out / "checkpoints" / f"best-{m['best_step']}.ckpt"
+    labels, preds, losses = oracle(best, tmp_path, args)
+    saved = load_predictions(out / "test_predictions.npz")
+    assert m["test_examples"] == len(saved.label) == len(labels) == 15
+    assert saved.label.tolist() == labels.tolist() and saved.pred.tolist() == preds.tolist()
+    assert m["test_acc"] == float((preds == labels).mean())
+    assert m["test_loss"] == pytest.approx(float(losses.mean()), rel=1e-6)

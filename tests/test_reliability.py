@@ -83,7 +83,10 @@ def test_corrupt_last_ckpt_falls_back_to_the_previous_one(tmp_path: Path) -> Non
     prev_step = checkpointing.load_checkpoint(ckpt_dir / "last-prev.ckpt")["global_step"]
     assert prev_step == 4
     last = ckpt_dir / "last.ckpt"
-    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a write cut short
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a write cut short, by a kill, which also
+    record = results.read_record(tmp_path / "run" / results.FILENAME)  # leaves the record at "running" (a
+    record["status"] = "running"  # completed one is left as it is: tests/test_record_e2e.py)
+    results.write_atomic(tmp_path / "run" / results.FILENAME, record)
     with pytest.warns(UserWarning, match=r"last\.ckpt is corrupt or unreadable .*resuming from .*last-prev\.ckpt"):
         again = _train(tmp_path)
     assert again["status"] == "completed"
@@ -114,7 +117,8 @@ class _Unsafe:
 
 
 def test_every_load_is_weights_only_and_our_checkpoints_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _train(tmp_path, "trainer.max_steps=4")
+    with pytest.raises(FloatingPointError):  # stops after step 4 (last.ckpt at 4): the same experiment resumes
+        _train(tmp_path, "+fault.nan_loss_at_step=5")
     calls: list[object] = []
     real_load = torch.load
 
@@ -141,7 +145,8 @@ def test_every_load_is_weights_only_and_our_checkpoints_pass(tmp_path: Path, mon
 def test_no_secret_reaches_configs_logs_or_results(tmp_path: Path) -> None:
     secret = "0123456789abcdef0123456789abcdef01234567"  # the shape of a W&B key, fake
     wandb_env = {"WANDB_API_KEY": secret, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir")}
-    args = [a for a in SMALL if a != "logger=csv"] + ["logger=default", "trainer.max_steps=2"]
+    # 3 steps: the validation at step 3 gives the best-val checkpoint a completed run needs
+    args = [a for a in SMALL if a != "logger=csv"] + ["logger=default", "trainer.max_steps=3"]
     proc = run_cli(args, tmp_path, timeout=500, check=False, env=wandb_env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = list((tmp_path / "outputs").rglob(results.FILENAME))

@@ -54,14 +54,17 @@ def test_failed_run_records_its_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_rerunning_the_same_command_resumes(tmp_path: Path) -> None:
+def test_another_schedule_in_the_same_folder_is_refused(tmp_path: Path) -> None:
+    """`run_name=` forces the folder; `trainer.max_steps=6` is another experiment than the 4-step run in it, so it
+    is refused (it used to resume the 4-step run's checkpoint and record the result as its own)."""
     args = ["attn=full", "run_name=resume", *TINY_LISTOPS]
     run_cli(args, tmp_path)
     first = record_of(tmp_path, "resume")
     assert first["metrics"]["train_steps"] == 4 and first["run"]["resumed_from_step"] is None
-    run_cli([*args, "trainer.max_steps=6"], tmp_path)  # same run dir (run_name), more steps
-    second = record_of(tmp_path, "resume")
-    assert second["run"]["resumed_from_step"] == 4
-    assert second["metrics"]["train_steps"] == 6
-    metrics = (Path(second["run"]["output_dir"]) / "results.json").read_text()
-    assert json.loads(metrics)["status"] == "completed"
+    path = Path(first["run"]["output_dir"]) / "results.json"
+    before = path.read_bytes()
+    proc = run_cli([*args, "trainer.max_steps=6"], tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "holds another experiment" in proc.stderr and "trainer.max_steps: 4 → 6" in proc.stderr
+    assert path.read_bytes() == before
+    assert json.loads(before)["status"] == "completed"

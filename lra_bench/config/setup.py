@@ -12,15 +12,22 @@ from omegaconf import OmegaConf
 _DONE = False
 
 
+#: characters a Hydra override value may hold unquoted (its lexer's ID and UNQUOTED_CHAR: letters, digits, `_ - / \
+#: + . $ % * @ ? |`) that a shell also passes through unquoted; `/` is left out because it would nest folders
+PASTEABLE = "A-Za-z0-9_.+@%\\-"
+
+
 def run_dir(run_name: str | None, override_dirname: str | None) -> str:
     """The run's folder name: `run_name` if given, else the (sorted) overrides, else `default`.
 
     The same command therefore lands in the same folder — which is what makes re-running it resume from
-    `last.ckpt` — while any change of an override gives a new folder.
+    `last.ckpt` — while any change of an override gives a new folder. (Keys left out of the name, e.g. `data_dir`,
+    can still make another experiment: `lra_bench.run.run_state` refuses to mix two in one folder.) Every name is
+    made of `PASTEABLE` characters, so `ckpt_path=<run dir>/checkpoints/last.ckpt` works unquoted.
     """
     if run_name:
         return str(run_name)
-    name = re.sub(r"[^A-Za-z0-9_.,=+\-]", "_", override_dirname or "") or "default"
+    name = re.sub(f"[^{PASTEABLE}]", "_", override_dirname or "") or "default"
     if len(name) > 120:
         name = name[:100] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
     return name

@@ -1,7 +1,9 @@
 """Collect `results.json` records and aggregate them into leaderboard rows (no rendering here).
 
 Why separate: the numbers (means, stds, averages, which runs failed) are what tests check by hand; the
-markdown/CSV/plots only format them. Accuracies become percent here, once, so every output agrees.
+markdown/CSV/plots only format them. Accuracies become percent here, once, so every output agrees. Which
+records form one row is `lra_bench.leaderboard.experiments`' job: one experiment (fingerprint except seed) per
+row, never a pool of several; evaluated checkpoints are listed apart and never counted as training runs.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
 from lra_bench.record import results
 
+#: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
 GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks")
 METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks")
+#: a wide (per-method) row: the method, whether its runs kept the protocol, and the variant that sets it apart
+WIDE_KEYS = (*METHOD_KEYS, "conformance", "variant")
 # Names a task may carry in a record, mapped to the canonical key (configs and older sweeps differ).
 TASK_ALIASES = {
     "pathfinder32": "pathfinder",
@@ -85,11 +91,37 @@ def output_dir_of(record: dict[str, Any]) -> str:
     return str((record.get("run") or {}).get("output_dir") or Path(record["_path"]).parent)
 
 
-def failures_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Runs whose status is not `completed`, with where they ran and why they stopped."""
+def is_evaluation(record: dict[str, Any]) -> bool:
+    """An evaluated checkpoint (its own record, status `evaluated`, or a failed evaluation): not a training run."""
+    return record.get("status") == "evaluated" or record.get("evaluation") is not None
+
+
+def evaluations_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Evaluation records, for their own list (never a row, never a failure of a training run)."""
     out = []
     for rec in records:
-        if rec.get("status") == "completed":
+        if not is_evaluation(rec):
+            continue
+        evaluation = rec.get("evaluation") or {}
+        out.append(
+            {
+                "output_dir": output_dir_of(rec),
+                "status": rec.get("status"),
+                "checkpoint": evaluation.get("checkpoint"),
+                "checkpoint_step": evaluation.get("checkpoint_step"),
+                "test_acc": as_percent((rec.get("metrics") or {}).get("test_acc")),
+                "reason": rec.get("error") or "",
+                **{key: rec.get(key) for key in GROUP_KEYS},
+            }
+        )
+    return sorted(out, key=lambda r: r["output_dir"])
+
+
+def failures_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Training runs whose status is not `completed`, with where they ran and why they stopped."""
+    out = []
+    for rec in records:
+        if rec.get("status") == "completed" or is_evaluation(rec):
             continue
         reason = rec.get("error") or f"unfinished (status={rec.get('status')}, no error recorded)"
         out.append(
@@ -99,6 +131,8 @@ def failures_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "reason": str(reason),
                 **{key: rec.get(key) for key in GROUP_KEYS},
                 "seed": rec.get("seed"),
+                "conformance": experiments.conformance(rec),
+                "variant": "",
             }
         )
     return sorted(out, key=lambda r: (str(r["protocol"]), task_order(r["task"]), str(r["attn"]), r["output_dir"]))
@@ -113,12 +147,13 @@ def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    protocol, task, attn, selector, landmarks = key
-    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks))
+    protocol, task, attn, selector, landmarks, conformance, fp = key
+    order = experiments.CONFORMANCE.index(conformance)
+    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), order, fp)
 
 
 def _dedupe_seeds(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One run per seed: a seed run twice (a rerun in another sweep) keeps its latest finished run."""
+    """One run per seed of one experiment (same fingerprint and seed): the newest completed run wins."""
     by_seed: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for rec in runs:
         seed = rec.get("seed")
@@ -154,11 +189,12 @@ def _devices(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Completed runs grouped by (protocol, task, attn, selector, num_landmarks), one row per group."""
+    """Completed training runs, one row per experiment (fingerprint except seed) — see `experiments`."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
-        if rec.get("status") == "completed":
-            groups[_group_key(rec, GROUP_KEYS)].append(rec)
+        if rec.get("status") == "completed" and not is_evaluation(rec):
+            key = (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec))
+            groups[key].append(rec)
     rows, superseded = [], []
     for key in sorted(groups, key=_sort_key):
         runs, dropped = _dedupe_seeds(groups[key])
@@ -176,6 +212,11 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
         rows.append(
             {
                 **dict(zip(GROUP_KEYS, key)),
+                "conformance": key[len(GROUP_KEYS)],
+                "fingerprint": key[len(GROUP_KEYS) + 1],
+                "off_protocol": {"on": False, "off": True}.get(key[len(GROUP_KEYS)]),
+                "deviations": ",".join(sorted({k for r in runs for k in experiments.deviation_keys(r)})),
+                "_identity": experiments.identity_of(runs[0]),
                 "n": len(test),
                 "n_runs": len(runs),
                 "seeds": ",".join(str(r.get("seed")) for r in runs),
@@ -191,15 +232,20 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "seq_len": seq_lens.pop() if len(seq_lens) == 1 else None,
             }
         )
+    experiments.label_rows(rows, GROUP_KEYS)
+    for row in rows:
+        del row["_identity"]
     return rows, superseded
 
 
-def method_label(attn: Any, selector: Any, num_landmarks: Any) -> str:
+def method_label(attn: Any, selector: Any, num_landmarks: Any, variant: str = "") -> str:
     label = str(attn)
     if selector:
         label += f" / {selector}"
     if num_landmarks is not None:
         label += f" (m={num_landmarks})"
+    if variant:
+        label += f" [{variant}]"
     return label
 
 
@@ -219,19 +265,21 @@ def _averages(cells: dict[str, float | None]) -> tuple[float | None, float | Non
 
 
 def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per method (protocol, attn, selector, landmarks); columns = tasks; our rows only."""
+    """One row per method, conformance class and variant (`WIDE_KEYS`); columns = tasks; our rows only. A task
+    cell is one experiment's row (`group_rows`), so a wide row never pools two experiments of one task."""
     methods: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in list(rows) + list(failures):
-        key = _group_key(row, METHOD_KEYS)
-        methods.setdefault(key, {"cells": {}, "std": {}, "n": {}, "failed": set()})
+        key = _group_key(row, WIDE_KEYS)
+        methods.setdefault(key, {"cells": {}, "std": {}, "n": {}, "failed": set(), "deviations": set()})
     for row in rows:
-        entry = methods[_group_key(row, METHOD_KEYS)]
+        entry = methods[_group_key(row, WIDE_KEYS)]
+        entry["deviations"].update(filter(None, str(row.get("deviations") or "").split(",")))
         if row["test_acc_mean"] is not None:
             entry["cells"][row["task"]] = row["test_acc_mean"]
             entry["std"][row["task"]] = row["test_acc_std"]
             entry["n"][row["task"]] = row["n"]
     for fail in failures:
-        methods[_group_key(fail, METHOD_KEYS)]["failed"].add(fail["task"])
+        methods[_group_key(fail, WIDE_KEYS)]["failed"].add(fail["task"])
     out = []
     for key in sorted(methods, key=lambda k: tuple(str(x) for x in k)):
         entry = methods[key]
@@ -240,8 +288,10 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
             {
                 "kind": "ours",
                 "source": "ours",
-                **dict(zip(METHOD_KEYS, key)),
-                "method": method_label(key[1], key[2], key[3]),
+                **dict(zip(WIDE_KEYS, key)),
+                "off_protocol": {"on": False, "off": True}.get(key[4]),
+                "deviations": ",".join(sorted(entry["deviations"])),
+                "method": method_label(key[1], key[2], key[3], key[5]),
                 **{t: entry["cells"].get(t) for t in TASKS},
                 **{f"{t}_std": entry["std"].get(t) for t in TASKS},
                 **{f"{t}_n": entry["n"].get(t) for t in TASKS},
@@ -267,6 +317,10 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
             {
                 "kind": "published",
                 "source": row.source_label,
+                "conformance": "published",
+                "variant": "",
+                "off_protocol": None,
+                "deviations": "",
                 "protocol": row.protocol,
                 "attn": row.attn,
                 "selector": None,

@@ -27,7 +27,8 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
 
     Returns a dict with `markdown`, `csv`, `wide_csv` (paths), `plots` (paths, the Pareto charts included),
     `pareto` (`pareto.Chart`s), `rows` (one per group), `wide` (one per method, ours), `published` (published
-    rows, same shape), `published_sources`, `failures`, `unreadable`, `superseded`, `n_files`, `dirs` and `wandb`
+    rows, same shape), `published_sources`, `failures`, `unreadable`, `superseded`, `evaluations` (evaluated
+    checkpoints, never rows), `n_files`, `dirs` and `wandb`
     (the runs' W&B project/entity/group, for `log_to_wandb`). Never raises on a bad record: it is listed under
     `unreadable`.
     """
@@ -39,6 +40,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     paths = data.find_results(dirs)
     records, unreadable = data.load_records(paths)
     failures = data.failures_of(records)
+    evaluations = data.evaluations_of(records)
     rows, superseded = data.group_rows(records)
     wide = data.wide_rows(rows, failures)
     uncertainty.add_uncertainty(rows, wide)  # CI and tie-aware rank columns
@@ -68,6 +70,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
             superseded,
             plot_paths,
             sections,
+            evaluations,
         )
     )
     csv_path = render.write_csv(out / CSV, rows, render.GROUP_COLUMNS)
@@ -87,6 +90,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
         "failures": failures,
         "unreadable": unreadable,
         "superseded": superseded,
+        "evaluations": evaluations,
         "n_files": len(paths),
     }
 

@@ -20,6 +20,11 @@ GROUP_COLUMNS = (
     "attn",
     "selector",
     "num_landmarks",
+    "variant",
+    "conformance",
+    "off_protocol",
+    "deviations",
+    "fingerprint",
     "n",
     "seeds",
     "test_acc_mean",
@@ -41,6 +46,10 @@ WIDE_COLUMNS = (
     "attn",
     "selector",
     "num_landmarks",
+    "variant",
+    "conformance",
+    "off_protocol",
+    "deviations",
     *TASKS,
     *(f"{t}_std" for t in TASKS),
     "failed_tasks",
@@ -57,6 +66,12 @@ CONVENTIONS = (
     f"**{AVG5_LABEL}** = mean test accuracy over ListOps, Text, Retrieval, Image, Pathfinder (LRA paper "
     f"convention). **{AVG6_LABEL}** = mean over all six tasks with Path-X failed or not run counted as 50 "
     "(S4/Mega convention). Both only when all five other tasks have a result. (n=…) = seeds."
+)
+#: the mark on every row of ours that is not known to follow its protocol (markdown; CSV: `off_protocol`)
+MARKS = {"off": " ⚠ off-protocol", "unchecked": " ⚠ protocol unchecked", "on": "", "published": ""}
+NOT_COMPARABLE = (
+    "Runs that changed a value of their protocol (`⚠ off-protocol`: the changed keys are listed) or whose records "
+    "predate that check (`⚠ protocol unchecked`). Not comparable with the published rows above."
 )
 
 
@@ -94,12 +109,22 @@ def _wide_cells(row: dict[str, Any]) -> list[str]:
     return [*cells, _num(row.get("avg5")), avg6]
 
 
-def _wide_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+def _kept(row: dict[str, Any]) -> str:
+    """Whether a row's runs kept their protocol: yes, no (and what they changed), or unchecked."""
+    if row.get("conformance") == "off":
+        return "no: " + str(row.get("deviations") or "").replace(",", ", ")
+    return {"on": "yes"}.get(str(row.get("conformance")), "unchecked")
+
+
+def _wide_table(rows: Sequence[dict[str, Any]], deviations: bool = False) -> list[str]:
     header = ["method", "source", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+    header += ["changed from the protocol"] if deviations else []
     body = []
     for row in rows:
         source = "ours" if row["kind"] == "ours" else f"published: {row['source']}"
-        body.append([f"{row['method']}{row.get('flag') or ''}", source, *_wide_cells(row)])
+        mark = MARKS.get(str(row.get("conformance")), "")
+        cells = [f"{row['method']}{row.get('flag') or ''}{mark}", source, *_wide_cells(row)]
+        body.append(cells + ([str(row.get("deviations") or "—").replace(",", ", ")] if deviations else []))
     return _md_table(header, body)
 
 
@@ -115,6 +140,7 @@ def render_markdown(
     superseded: Sequence[dict[str, Any]],
     plots: Sequence[Path],
     sections: Sequence[str] = (),
+    evaluations: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The whole `leaderboard.md`: summary by protocol, `sections` (markdown lines: uncertainty, Pareto), published
     rows, groups, failures, bad files."""
@@ -135,9 +161,13 @@ def render_markdown(
     ]
     protocols = sorted({str(r["protocol"]) for r in wide})
     for protocol in protocols:
-        ours = [r for r in wide if str(r["protocol"]) == protocol]
+        ours = [r for r in wide if str(r["protocol"]) == protocol and r.get("conformance") == "on"]
+        apart = [r for r in wide if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
         beside = [r for r in published if str(r["protocol"]) == protocol]
         out += [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
+        if apart:  # never beside a published row without its mark: in a table of their own
+            out += [f"#### protocol: {protocol} — not comparable", "", NOT_COMPARABLE, ""]
+            out += [*_wide_table(apart, deviations=True), ""]
     if not protocols:
         out += ["(no completed runs)", ""]
     out += list(sections)
@@ -161,13 +191,15 @@ def render_markdown(
         if notes:
             out += [*notes, ""]
 
-    out += ["## All groups (protocol × task × attn × selector × landmarks)", ""]
+    out += ["## All groups (one experiment each: runs that differ only in their seed)", ""]
     header = [
         "protocol",
         "task",
         "attn",
         "selector",
         "landmarks",
+        "variant",
+        "protocol kept",
         "n",
         "seeds",
         "test acc",
@@ -185,6 +217,8 @@ def render_markdown(
             r["attn"],
             r["selector"] or "—",
             _num(r["num_landmarks"], "{}"),
+            r.get("variant") or "—",
+            _kept(r),
             r["n"],
             r["seeds"],
             _acc(r["test_acc_mean"], r["test_acc_std"]),
@@ -211,8 +245,24 @@ def render_markdown(
     out += ["", f"## Unreadable records ({len(unreadable)})", ""]
     out += _md_table(["path", "reason"], [[u["path"], u["reason"]] for u in unreadable]) if unreadable else ["None."]
     if superseded:
-        out += ["", "## Superseded runs (same group and seed; the latest finished run is kept)", ""]
+        out += ["", "## Superseded runs (same fingerprint and seed; the newest completed run is kept)", ""]
         out += _md_table(["dropped", "seed", "kept"], [[s["path"], s["seed"], s["kept"]] for s in superseded])
+    if evaluations:
+        out += ["", f"## Evaluated checkpoints ({len(evaluations)}; not training runs, in no table above)", ""]
+        body = [
+            [
+                e["output_dir"],
+                e["status"],
+                e["task"],
+                e["attn"],
+                e["checkpoint"],
+                e["checkpoint_step"],
+                _num(e["test_acc"]),
+                e["reason"] or "—",
+            ]
+            for e in evaluations
+        ]
+        out += _md_table(["output dir", "status", "task", "attn", "checkpoint", "step", "test acc", "error"], body)
     if plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(out) + "\n"
@@ -241,7 +291,8 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
         for i, r in enumerate(points):
             label = f"{r['attn']}" + (f"/{r['selector']}" if r["selector"] else "")
             label += f" m={r['num_landmarks']}" if r["num_landmarks"] is not None else ""
-            label += f" [{r['protocol']}]"
+            label += f" [{r['protocol']}]" + MARKS.get(str(r.get("conformance")), "")
+            label += f" {r['variant']}" if r.get("variant") else ""
             ax.errorbar(
                 r[key],
                 r["test_acc_mean"],

@@ -66,17 +66,10 @@ class LeaderboardCallback(Callback):
             record = None
         if record is not None and record.get("status") != "running":
             return  # train() recorded its own end
-        if record is None:
-            record = results.empty_record()
-            record.update(
-                task=_select(config, "task.name"),
-                attn=_select(config, "attn.name"),
-                protocol=_select(config, "protocol.name"),
-                seed=_select(config, "seed"),
-                selector=_select(config, "selector.name"),
-                num_landmarks=_select(config, "attn.num_landmarks"),
-            )
-            record["run"].update(name=output_dir.name, output_dir=str(output_dir.resolve()))
+        if record is None:  # the same builder as the run's own records: one method, one leaderboard row
+            from lra_bench.record.builder import new_record
+
+            record = new_record(config, output_dir)
         record["status"], record["error"] = "failed", message
         record["run"]["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         results.write_atomic(path, record)

@@ -8,6 +8,11 @@ not say about the data (the resolved source and the preprocessing cache key — 
 
 Keys in `LOGISTICS` never change a result and are left out; everything else is in, so a new knob is part of the
 identity by default (the safe side: two runs that differ in an unknown key are never pooled).
+
+Who uses what: the run stores `identity.json` in its run dir and refuses to resume into another fingerprint
+(`lra_bench.run.run_state`); checkpoints carry the identity, and a checkpoint whose `ARCHITECTURE` keys differ
+from the run's is refused (`lra_bench.run.checkpoint_identity`); the leaderboard makes one row per
+`fingerprint(seed_free(identity))` and labels rows by `differing_keys`.
 """
 
 from __future__ import annotations
@@ -33,8 +38,28 @@ LOGISTICS: tuple[str, ...] = (
     "trainer.num_nodes",
     "trainer.strategy",
     "trainer.enable_progress_bar",
+    "trainer.log_every_n_steps",  # how often metrics are logged
+    "callbacks.checkpoint_every_n_steps",  # when last.ckpt is written: a resume is bit-exact whatever the cadence
+    "train",  # which stages run, not what a stage computes: an evaluation keeps its checkpoint's fingerprint
+    "test",
+    "retest",
     "hydra",
-    "fault",  # test-only fault injection: runs with it are never completed anyway
+    "fault",  # test-only fault injection (slow steps, NaNs): a run it breaks never completes
+)
+
+#: the data's identity, which the config does not hold: the resolved source and the preprocessing cache key
+DATA_KEYS: tuple[str, ...] = ("data.source", "data.cache_key")
+
+#: prefixes that fix what a checkpoint's weights mean: another value and the state dict is another model's
+ARCHITECTURE: tuple[str, ...] = (
+    "task.name",
+    "task.seq_len",
+    "task.vocab_size",
+    "task.num_classes",
+    "task.dual",
+    "model",
+    "attn",
+    "selector",
 )
 
 
@@ -86,3 +111,38 @@ def differing_keys(identities: Iterable[Mapping[str, Any]], ignore: Iterable[str
         if len(values) > 1:
             out.append(key)
     return out
+
+
+def data_identity(source: str | None, cache_key: str | None) -> dict[str, Any]:
+    """The identity keys of the data: where it was read from (a resolved path) and its preprocessing cache key
+    (`tasks.cache.cache_key`: every preprocessing parameter plus the source files' paths, sizes and mtimes)."""
+    return {"data.source": source, "data.cache_key": cache_key}
+
+
+def run_identity(config: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's whole identity: the config part plus the data part (`data_identity`), sorted by key."""
+    merged = {**config_identity(config), **data}
+    return {k: merged[k] for k in sorted(merged)}
+
+
+def seed_free(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """`identity` without the run seed: `seed` and every `*.seed` that follows it (`attn.seed: ${seed}` in the
+    option YAMLs). A component seed set apart from the run seed stays: it is another experiment."""
+    seed = identity.get("seed")
+    return {
+        k: v
+        for k, v in identity.items()
+        if k != "seed" and not (k.endswith(".seed") and "seed" in identity and v == seed)
+    }
+
+
+def architecture(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The `ARCHITECTURE` part of an identity (what a checkpoint's state dict depends on)."""
+    return {k: v for k, v in identity.items() if under(k, ARCHITECTURE)}
+
+
+def describe(identity: Mapping[str, Any], keys: Iterable[str], limit: int = 6) -> str:
+    """`key=value, …` for `keys` (a missing key shows as `<missing>`), at most `limit` of them then `…`."""
+    keys = list(keys)
+    parts = [f"{k}={json.dumps(identity[k], default=str) if k in identity else '<missing>'}" for k in keys[:limit]]
+    return ", ".join(parts) + (f", … ({len(keys) - limit} more)" if len(keys) > limit else "")

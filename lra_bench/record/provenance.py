@@ -15,11 +15,13 @@ PACKAGES = ("torch", "pytorch-lightning", "hydra-core", "omegaconf", "datasets",
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def git_commit() -> str | None:
+def code_version() -> dict[str, Any]:
+    """`{"commit": sha, "dirty": bool}` of the checkout this code runs from (tracked files only; both null outside
+    a git checkout). Recorded with every run and checkpoint; a resume warns when it changed."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
         if sha.returncode != 0:
-            return None
+            return {"commit": None, "dirty": None}
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=REPO_ROOT,
@@ -27,9 +29,21 @@ def git_commit() -> str | None:
             text=True,
             timeout=5,
         )
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return {"commit": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
-        return None
+        return {"commit": None, "dirty": None}
+
+
+def code_label(code: dict[str, Any] | None) -> str:
+    """`<sha>` or `<sha>-dirty` (what `env.git_commit` has always said); `unknown` outside a checkout."""
+    if not code or not code.get("commit"):
+        return "unknown"
+    return code["commit"] + ("-dirty" if code.get("dirty") else "")
+
+
+def git_commit() -> str | None:
+    code = code_version()
+    return code_label(code) if code["commit"] else None
 
 
 def package_versions() -> dict[str, str | None]:

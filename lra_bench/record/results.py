@@ -1,22 +1,34 @@
 """The result record: one `results.json` per run, written atomically, read by the leaderboard.
 
-Schema (version 1) — every key is always present; unknown values are null:
+Schema (version 2) — every key is always present; unknown values are null:
 
     schema_version  int
-    status          "running" | "completed" | "failed" | "interrupted"
+    status          "running" | "completed" | "failed" | "interrupted" | "evaluated"
+                    (completed: every planned step ran and the best-val checkpoint was tested; evaluated: a
+                    checkpoint tested by the eval entry, not a training run — the leaderboard never counts it)
     error           str | null          (the exception message when failed)
     task, attn, selector, protocol      str (selector null when the attention takes none)
-    num_landmarks   int | str | null
+    num_landmarks   int | null          the landmark count the model uses (resolved: never "log2")
     seed            int
-    run             {name, output_dir, started_at, finished_at, wandb_id, resumed_from_step}
-    metrics         {val_acc, test_acc, best_step, train_steps, step_time_median_s, tokens_per_s,
-                     peak_memory_mib, params, data_share}
+    fingerprint     str | null          16 hex digits: `identity.fingerprint(identity)`
+    identity        {dotted.key: value} everything that can change the result (`lra_bench.record.identity`)
+    code            {commit, dirty}     the code that wrote this record (git; null outside a checkout)
+    off_protocol    bool | null         whether the run changed a value of its protocol (null: not checked)
+    deviations      {dotted.key: {"protocol": value, "run": value}} | null   the changed values
+    evaluation      {checkpoint, checkpoint_step, checkpoint_fingerprint} | null   (status evaluated only)
+    predictions     str | null          file name of the per-example test outputs beside this record
+    run             {name, output_dir, started_at, finished_at, wandb_id, resumed_from_step, resumed_from,
+                     planned_steps, segments: [{started_at, from_step, code}]}
+    metrics         {val_acc, test_acc, test_loss, test_examples, best_step, train_steps, step_time_median_s,
+                     tokens_per_s, peak_memory_mib, params, data_share}
     diagnostics     {"latest": {...}, "best": {...}} per layer/head quantities (see lra_bench.diagnostics.metrics)
     data            {text_length, max_length, seq_len, tokenizer_version, split, source}
     env             {git_commit, python, platform, packages{...}, hardware{...}}
     config          the fully resolved Hydra config
 
 The record is rewritten at each milestone (start, end, failure) so a killed job still leaves its status.
+Version 1 records (before `fingerprint` … `predictions`) still read: `read_record` fills the newer keys with
+null, so the leaderboard groups them by what they say (see `lra_bench.leaderboard.aggregate`).
 """
 
 from __future__ import annotations
@@ -27,13 +39,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 FILENAME = "results.json"
-STATUSES = ("running", "completed", "failed", "interrupted")
+STATUSES = ("running", "completed", "failed", "interrupted", "evaluated")
+FINAL_STATUSES = ("completed", "evaluated")  # a record in one of these is never rewritten by re-running it
 
 METRIC_KEYS = (
     "val_acc",
     "test_acc",
+    "test_loss",
+    "test_examples",
     "best_step",
     "train_steps",
     "step_time_median_s",
@@ -42,7 +58,19 @@ METRIC_KEYS = (
     "params",
     "data_share",
 )
-RUN_KEYS = ("name", "output_dir", "started_at", "finished_at", "wandb_id", "resumed_from_step")
+RUN_KEYS = (
+    "name",
+    "output_dir",
+    "started_at",
+    "finished_at",
+    "wandb_id",
+    "resumed_from_step",
+    "resumed_from",
+    "planned_steps",
+    "segments",
+)
+#: top-level keys added in schema 2 (null in a version-1 record)
+V2_KEYS = ("fingerprint", "identity", "code", "off_protocol", "deviations", "evaluation", "predictions")
 DATA_KEYS = ("text_length", "max_length", "seq_len", "tokenizer_version", "split", "source")
 
 
@@ -57,6 +85,13 @@ def empty_record() -> dict[str, Any]:
         "protocol": None,
         "num_landmarks": None,
         "seed": None,
+        "fingerprint": None,
+        "identity": None,
+        "code": None,
+        "off_protocol": None,
+        "deviations": None,
+        "evaluation": None,
+        "predictions": None,
         "run": dict.fromkeys(RUN_KEYS),
         "metrics": dict.fromkeys(METRIC_KEYS),
         "diagnostics": {"latest": None, "best": None},
@@ -84,10 +119,19 @@ def write_atomic(path: Path, payload: dict[str, Any]) -> None:
 
 
 def read_record(path: Path) -> dict[str, Any]:
+    """The record at `path`; a version-1 record gets the version-2 keys as null (in memory only)."""
     with open(path) as fh:
         record = json.load(fh)
-    if record.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version={record.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    if not isinstance(record, dict) or record.get("schema_version") not in READABLE_VERSIONS:
+        version = record.get("schema_version") if isinstance(record, dict) else None
+        raise ValueError(f"{path}: schema_version={version!r}, expected one of {READABLE_VERSIONS}")
+    if record["schema_version"] == 1:
+        for key in V2_KEYS:
+            record.setdefault(key, None)
+        for section, keys in (("metrics", METRIC_KEYS), ("run", RUN_KEYS)):
+            if isinstance(record.get(section), dict):
+                for key in keys:
+                    record[section].setdefault(key, None)
     return record
 
 

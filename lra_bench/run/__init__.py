@@ -1,2 +1,3 @@
-"""One run: `train` (validate → data → model → fit → test → record), the LightningModule, the callbacks
-(efficiency, checkpointing, requeue), loggers and the console output."""
+"""One run: `train` (validate → data → model → start checks → fit → test → record), `evaluation` (test one
+checkpoint), the LightningModule, the callbacks (efficiency, checkpointing, requeue, identity stamp, test outputs),
+loggers and the console output."""

@@ -37,17 +37,35 @@ def print_summary(record: dict[str, Any]) -> None:
     table = Table(title=f"lra-bench — {title} — {record['status']}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    rows = [
-        ("val accuracy (best)", _fmt(m["val_acc"], "{:.4f}") + f"  at step {_fmt(m['best_step'])}"),
-        ("test accuracy (best-val ckpt)", _fmt(m["test_acc"], "{:.4f}")),
+    evaluation = record.get("evaluation")
+    test = [
+        ("test loss", _fmt(m.get("test_loss"), "{:.4f}") + f"  over {_fmt(m.get('test_examples'))} examples"),
         ("majority class (val)", _fmt(record.get("data", {}).get("majority_share"), "{:.4f}")),
+    ]
+    training = [
         ("training steps", _fmt(m["train_steps"])),
         ("median step time", _fmt(m["step_time_median_s"] and m["step_time_median_s"] * 1000, "{:.1f} ms")),
         ("tokens / s", _fmt(m["tokens_per_s"], "{:,.0f}")),
         ("data loading share", _fmt(m["data_share"] and 100 * m["data_share"], "{:.1f} %")),
         ("peak memory", _fmt(m["peak_memory_mib"], "{:,.0f} MiB") + f"  ({m.get('peak_memory_kind', '')})"),
-        ("parameters", _fmt(m["params"], "{:,}")),
     ]
+    tail = [("parameters", _fmt(m["params"], "{:,}")), ("fingerprint", _fmt(record.get("fingerprint")))]
+    if record.get("off_protocol"):
+        keys = list(record.get("deviations") or {})
+        changed = ", ".join(keys[:6]) + (f", … ({len(keys) - 6} more)" if len(keys) > 6 else "")
+        tail.append(("off-protocol", f"changes {record.get('protocol')}'s {changed}"))
+    if evaluation:  # a tested checkpoint: its step instead of training numbers (its path is printed below)
+        head = [
+            ("checkpoint step", _fmt(evaluation.get("checkpoint_step"))),
+            ("test accuracy", _fmt(m["test_acc"], "{:.4f}")),
+        ]
+        rows = [*head, *test, *tail]
+    else:
+        head = [
+            ("val accuracy (best)", _fmt(m["val_acc"], "{:.4f}") + f"  at step {_fmt(m['best_step'])}"),
+            ("test accuracy (best-val ckpt)", _fmt(m["test_acc"], "{:.4f}")),
+        ]
+        rows = [*head, *test, *training, *tail]
     if record.get("error"):
         rows.append(("error", str(record["error"])))
     for key, value in rows:
@@ -55,5 +73,7 @@ def print_summary(record: dict[str, Any]) -> None:
     console = Console(width=max(100, Console().width))
     console.print(table)
     # paths on their own lines, never truncated, so they can be copied
+    if evaluation:
+        console.print(f"checkpoint:    {evaluation['checkpoint']}", soft_wrap=True)
     console.print(f"outputs:       {run['output_dir']}", soft_wrap=True)
     console.print(f"result record: {Path(run['output_dir']) / 'results.json'}", soft_wrap=True)

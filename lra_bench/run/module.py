@@ -77,12 +77,16 @@ class LRAModule(pl.LightningModule):
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        loss, preds = self._step(batch)
-        self.test_loss(loss)
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        """Also returns each example's prediction and loss: `lra_bench.run.test_outputs` keeps them per example."""
+        logits = self(batch)
+        losses = F.cross_entropy(logits.float(), batch["label"], reduction="none")
+        preds = logits.argmax(-1)
+        self.test_loss(losses.mean())
         self.test_acc(preds, batch["label"])
         self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
         self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+        return {"pred": preds.detach(), "loss": losses.detach()}
 
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim_cfg

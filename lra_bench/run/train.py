@@ -4,11 +4,15 @@ Resuming is the default: the run's output dir is derived from its overrides (sam
 `ckpt_path=last` continues from `<output_dir>/checkpoints/last.ckpt` when it exists (a corrupt one falls back to
 `last-prev.ckpt`, then the best checkpoint; see `lra_bench.run.checkpointing`, which also owns requeue handling).
 Under DDP every rank runs this function; only rank 0 writes the result record, config tree and summary.
+
+Before anything is written to a run dir that already holds a record, `lra_bench.run.start.start_run` settles the
+schedule, the run's identity (a folder of another experiment is refused), whether the run is already completed
+(then its record is left byte-identical) and whether the checkpoint fits. `train=false` tests one checkpoint
+instead (`lra_bench.run.evaluation`).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import time
 from pathlib import Path
@@ -22,18 +26,18 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench.config.validate import check_writable, validate
 from lra_bench.record import results
-from lra_bench.record.provenance import environment
+from lra_bench.record.builder import new_record, now
 from lra_bench.run import checkpointing
-from lra_bench.run.build import build_datamodule, build_model, selector_node
+from lra_bench.run.build import build_datamodule, build_model
 from lra_bench.run.console import print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.loggers import build_loggers, finish_wandb
+from lra_bench.run.schedule import check_steps_ran
+from lra_bench.run.start import start_run
+from lra_bench.run.test_outputs import TestOutputs, test_and_record
 
 CHECKPOINT_DIR = "checkpoints"
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+EFFICIENCY_KEYS = ("step_time_median_s", "tokens_per_s", "data_share", "peak_memory_mib", "peak_memory_kind")
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -161,24 +165,18 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     check_launch(cfg)
     check_writable(output_dir)
     is_zero = rank_zero_only.rank == 0
+    if not cfg.train:
+        from lra_bench.run.evaluation import evaluate
+
+        return evaluate(cfg, output_dir)
 
     def write_record() -> None:
-        if is_zero:
+        if is_zero and owned:
             results.write_atomic(record_path, record)
 
-    record = results.empty_record()
-    record.update(
-        task=cfg.task.name,
-        attn=cfg.attn.name,
-        protocol=cfg.protocol.name,
-        seed=int(cfg.seed),
-        selector=(cfg.selector.name if selector_node(cfg) else None),
-        num_landmarks=cfg.attn.get("num_landmarks"),
-        config=OmegaConf.to_container(cfg, resolve=True),
-        env=environment(),
-    )
-    record["run"].update(name=output_dir.name, output_dir=str(output_dir.resolve()), started_at=now())
+    record = new_record(cfg, output_dir)
     record_path = output_dir / results.FILENAME
+    owned = not record_path.exists()  # a folder's existing record is replaced only once start_run accepted the run
     write_record()
     if cfg.print_config and is_zero:
         print_config(cfg, save_to=output_dir / "config_tree.log")
@@ -192,7 +190,15 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         record["data"].update(dm.data_info())
         record["data"]["majority_share"] = majority_share(dm) if is_zero else None
         module = _build_module(cfg, dm)
+        start = start_run(cfg, dm, output_dir, record, is_zero)
+        if start.finished is not None:
+            if is_zero:
+                print_summary(start.finished)
+                print(f"[lra-bench] already completed: {record_path} left unchanged (retest=true tests again)")
+            return start.finished
         ckpt = resume_path(cfg, output_dir)
+        start.use_checkpoint(ckpt, module, record)
+        owned = True
         record["run"]["resumed_from_step"] = checkpoint_step(ckpt)
         # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
         checkpoint = ModelCheckpoint(
@@ -206,6 +212,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         )
         last = checkpointing.LastCheckpoint(output_dir / CHECKPOINT_DIR, cfg.callbacks.checkpoint_every_n_steps)
         efficiency = EfficiencyMonitor(warmup_steps=int(cfg.callbacks.stats_warmup_steps))
+        test_outputs = TestOutputs()
         callbacks: list[pl.Callback] = [
             checkpointing.FiniteGuard(),  # before the checkpoint callbacks (Lightning runs those last)
             checkpointing.RNGState(),
@@ -213,6 +220,8 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             last,
             requeue,  # after `last`: its on_train_end hand-over comes after the final save
             efficiency,
+            start.stamp,  # type: ignore[list-item]
+            test_outputs,
             *_extra_callbacks(cfg, dm, record),
         ]
         fault = cfg.get("fault")
@@ -236,21 +245,22 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         )
         if cfg.train:
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)
+        record["run"]["segments"] = start.stamp.segments  # type: ignore[union-attr]
+        check_steps_ran(int(trainer.global_step), int(cfg.trainer.max_steps))
         record["metrics"].update(efficiency.summary(module))
         record["metrics"]["train_steps"] = int(trainer.global_step)
         best = checkpoint.best_model_path or None
-        if best:
-            record["metrics"]["best_step"] = checkpoint_step(best)
-            record["metrics"]["val_acc"] = (
-                float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None
-            )
-        else:
-            record["metrics"]["val_acc"] = metric(trainer, "val/acc")
+        if not best:  # start_run made sure validations run: a missing best-val checkpoint is a failure
+            raise RuntimeError("no best-val checkpoint was written, so there is nothing to test")
+        record["metrics"]["best_step"] = checkpoint_step(best)
+        record["metrics"]["val_acc"] = (
+            float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None
+        )
+        if start.previous is not None:  # retest: nothing trained, so the training numbers stay as recorded
+            record["metrics"].update({k: start.previous["metrics"].get(k) for k in EFFICIENCY_KEYS})
+            record["run"]["segments"] = start.previous["run"].get("segments") or record["run"]["segments"]
         if cfg.test:
-            trainer.test(module, datamodule=dm, ckpt_path=best, weights_only=True) if best else trainer.test(
-                module, datamodule=dm
-            )
-            record["metrics"]["test_acc"] = metric(trainer, "test/acc")
+            test_and_record(trainer, module, dm, best, test_outputs, record, output_dir)
         record["status"] = "completed"
     except BaseException as err:
         signalled = trainer is not None and trainer.received_sigterm

@@ -1,0 +1,106 @@
+"""The one record builder: what a result record says about a run that its config alone determines.
+
+Why one builder: the run (`lra_bench.run.train`) and the sweep callback's records of jobs that died before
+writing their own (`LeaderboardCallback.on_job_end`) used to fill task/attn/selector/landmarks each their own way
+(`selector` None in one and `"none"` in the other, `num_landmarks` `"log2"` unresolved), which split one method
+into two leaderboard rows. Both now call `new_record`.
+
+Light at import (no torch): Hydra instantiates the sweep callback in every process; the landmark count imports
+the model code only when asked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lra_bench.record import results
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def select(cfg: DictConfig, key: str) -> Any:
+    """`cfg.<key>` resolved, or None when missing or unresolvable (a broken config still gets a record)."""
+    try:
+        return OmegaConf.select(cfg, key, default=None)
+    except Exception:  # an interpolation that cannot resolve
+        return None
+
+
+def selector_name(cfg: DictConfig) -> str | None:
+    """The selector's option name; None when the run has none (`selector: none`, attentions that take none)."""
+    name = select(cfg, "selector.name")
+    return None if name in (None, "none") else str(name)
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain JSON types (enums as their names: `task.source: auto`, as written in the YAML), so it
+    goes into a weights-only checkpoint and compares equal to a freshly composed config."""
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    except Exception:  # a config error raised before the run could resolve it
+        container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    container = dict(container)  # type: ignore[arg-type]
+    container.pop("hydra", None)
+    return container
+
+
+def landmark_count(cfg: DictConfig) -> int | None:
+    """The number of landmarks block 0's attention uses at the run's sequence length (`"log2"` → ⌈log₂ n⌉, a
+    formula rule → its value): built through `lra_bench.run.build.attention_factory`, the model's own path.
+    None for attentions without landmarks, or when the config cannot build one (a failed job's record)."""
+    if select(cfg, "attn.num_landmarks") is None:
+        return None
+    try:
+        from lra_bench.run.build import attention_factory, selector_node
+        from models.encoder import Encoder
+
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        attn = OmegaConf.to_container(cfg.attn, resolve=True)
+        total = Encoder.total_length(int(cfg.task.seq_len), str(model["pooling"]))  # type: ignore[index]
+        make = attention_factory(
+            attn,  # type: ignore[arg-type]
+            selector_node(cfg),
+            num_heads=int(model["num_heads"]),  # type: ignore[index]
+            head_dim=int(model["head_dim"]),  # type: ignore[index]
+        )
+        return int(make(0, total).landmark_count(total))
+    except Exception:
+        value = select(cfg, "attn.num_landmarks")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> dict[str, Any]:
+    """A schema-complete record (status `running`) for the run `cfg` in `output_dir`: what it is (task, attn,
+    selector, protocol, resolved landmark count, seed), where, the resolved config, the code and environment.
+    Identity, fingerprint and deviations need the data and are added by the run."""
+    record = results.empty_record()
+    seed = select(cfg, "seed")
+    record.update(
+        task=select(cfg, "task.name"),
+        attn=select(cfg, "attn.name"),
+        protocol=select(cfg, "protocol.name"),
+        seed=int(seed) if isinstance(seed, int) else seed,
+        selector=selector_name(cfg),
+        num_landmarks=landmark_count(cfg),
+        config=resolved_config(cfg),
+    )
+    planned = select(cfg, "trainer.max_steps")
+    record["run"].update(
+        name=output_dir.name,
+        output_dir=str(output_dir.resolve()),
+        started_at=now(),
+        planned_steps=int(planned) if isinstance(planned, int) else None,
+        segments=[],
+    )
+    if with_env:
+        from lra_bench.record.provenance import code_version, environment
+
+        record["code"] = code_version()
+        record["env"] = environment()
+    return record

@@ -1,0 +1,55 @@
+"""Off-protocol: which values of its protocol a run changed, so its numbers are never shown as the paper's.
+
+The reference is the protocol's own config for the run's method: `conf/` composed (Hydra's compose API, the same
+tree) with only `task=<t> protocol=<p> attn=<a> selector=<s>` and without the personal `local` settings. Every
+identity key whose value differs there is a deviation, except:
+
+* the method's own knobs (`attn.*`, `selector.*`): choosing and tuning the method is what a run compares;
+* `seed` (a protocol runs several);
+* `diagnostics.*`: they measure the model on a probe (no gradients, RNG restored; see
+  `lra_bench.diagnostics.callback`) and never change a trained weight or a test prediction;
+* the data part of the identity (`data.source`, `data.cache_key`): the protocol has no value for it;
+* logistics, which are no part of the identity anyway (`lra_bench.record.identity.LOGISTICS`).
+
+So `trainer.max_steps=4`, `debug=fdr`, a smaller model, `optim.lr=...` or `trainer.precision=bf16-mixed` each
+make a run off-protocol; `attn.num_landmarks=32` or `selector=kmeans` does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lra_bench.record.identity import DATA_KEYS, config_identity, differing_keys, under
+
+#: identity prefixes a run may change and stay on its protocol (see the module docstring)
+METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", "diagnostics", *DATA_KEYS)
+
+
+def protocol_identity(task: str, protocol: str, attn: str, selector: str | None) -> dict[str, Any]:
+    """The config identity of `task × protocol × attn × selector` as the protocol defines it."""
+    from omegaconf import OmegaConf
+
+    from lra_bench.config.compose import compose_config
+
+    overrides = [f"task={task}", f"protocol={protocol}", f"attn={attn}", f"selector={selector or 'none'}", "~local"]
+    cfg = compose_config(overrides)
+    return config_identity(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
+
+def deviations(identity: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """`{key: {"protocol": value, "run": value}}` for every key the run changed (a key only one side has shows
+    the other side as None)."""
+    keys = differing_keys([identity, reference], ignore=METHOD_AND_MEASUREMENT)
+    return {k: {"protocol": reference.get(k), "run": identity.get(k)} for k in keys if not under(k, DATA_KEYS)}
+
+
+def check(identity: Mapping[str, Any], task: str, protocol: str, attn: str, selector: str | None) -> dict[str, Any]:
+    """`{"off_protocol": bool | None, "deviations": {...} | None}` for the record; None when the protocol's config
+    cannot be composed (an unknown protocol or task: then nothing can be claimed either way)."""
+    try:
+        reference = protocol_identity(task, protocol, attn, selector)
+    except Exception:
+        return {"off_protocol": None, "deviations": None}
+    found = deviations(identity, reference)
+    return {"off_protocol": bool(found), "deviations": found}

@@ -1,0 +1,139 @@
+"""Testing exactly one checkpoint: `python run.py train=false ckpt_path=PATH` and `python -m lra_bench.evaluate PATH`.
+
+The checkpoint's weights *and* buffers are loaded (GPA's codebook, Performer's features) by Lightning's own
+`trainer.test(ckpt_path=...)`, after `checkpoint_identity.check_fits` has refused a checkpoint of another model.
+So its test accuracy and loss are the ones its training run recorded when it tested that checkpoint (same
+per-example computation: `lra_bench.run.test_outputs`).
+
+Where the record goes: an evaluation writes `results.json` with status `evaluated` (and `evaluation` =
+{checkpoint, checkpoint_step, checkpoint_fingerprint}) plus `test_predictions.npz` into its own folder, never
+into a training run's: `run.py train=false` into its Hydra run dir (the overrides, `ckpt_path` and `train=false`
+included, name it), `python -m lra_bench.evaluate` into `<run dir>/eval/<checkpoint name>/` or `--out DIR`. A folder
+holding a training record is refused. Re-running the same evaluation leaves its record byte-identical (`retest=true`
+/ `--retest` tests again). The leaderboard lists evaluations apart and never counts them as training runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from omegaconf import DictConfig
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from lra_bench.config.validate import ConfigError
+from lra_bench.record import results
+from lra_bench.record.builder import new_record, now
+from lra_bench.run import checkpointing, run_state
+from lra_bench.run.checkpoint_identity import check_fits, meta_of
+from lra_bench.run.console import print_summary
+from lra_bench.run.start import identify
+from lra_bench.run.test_outputs import TestOutputs, test_and_record
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+def checkpoint_to_test(cfg: DictConfig, output_dir: Path) -> str:
+    """The absolute path of the checkpoint `train=false` tests; a missing one is a one-line error."""
+    value = cfg.get("ckpt_path")
+    if value in (None, "none", "null"):
+        raise ConfigError(
+            "train=false needs ckpt_path=<a .ckpt file>, the checkpoint to test "
+            "(e.g. <run dir>/checkpoints/best-<step>.ckpt)"
+        )
+    if value == "last":
+        found = checkpointing.find_resumable(Path(output_dir) / CHECKPOINT_DIR).path
+        if found is None:
+            raise ConfigError(
+                f"train=false with ckpt_path=last: no checkpoint in {Path(output_dir) / CHECKPOINT_DIR}; "
+                "give ckpt_path=<a .ckpt file>"
+            )
+        return str(Path(found).resolve())
+    path = Path(str(value)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path={value}: no such file; train=false needs an existing .ckpt to test")
+    return str(path.resolve())
+
+
+def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Test the checkpoint `cfg.ckpt_path` with the model `cfg` describes; write and return the `evaluated` record."""
+    from lra_bench.run.train import _build_module, majority_share, prepare_data, slurm_plugins, trainer_kwargs
+
+    is_zero = rank_zero_only.rank == 0
+    ckpt = checkpoint_to_test(cfg, output_dir)
+    record_path = Path(output_dir) / results.FILENAME
+    existing = run_state.read_existing_record(output_dir)
+    if existing is not None and existing.get("evaluation") is None:
+        raise ConfigError(
+            f"{record_path} is a training run's record (status {existing.get('status')}); an evaluation never "
+            "replaces it: evaluate into another folder (drop run_name=, or --out DIR)"
+        )
+    record = new_record(cfg, Path(output_dir))
+    record["run"]["planned_steps"] = None
+    record["evaluation"] = {"checkpoint": ckpt, "checkpoint_step": None, "checkpoint_fingerprint": None}
+    owned = existing is None  # a new folder records even a refusal; an earlier evaluation is kept until this one runs
+
+    def write_record() -> None:
+        if is_zero and owned:
+            results.write_atomic(record_path, record)
+
+    write_record()
+    try:
+        pl.seed_everything(int(cfg.seed), workers=True)
+        from lra_bench.run.build import build_datamodule
+
+        dm = build_datamodule(cfg)
+        prepare_data(dm, Path(output_dir), is_zero)
+        record["data"].update(dm.data_info())
+        record["data"]["majority_share"] = majority_share(dm) if is_zero else None
+        module = _build_module(cfg, dm)
+        identity, _ = identify(record, dm)
+        checkpoint = check_fits(ckpt, identity, module)
+        meta = meta_of(checkpoint) or {}
+        record["evaluation"] = {
+            "checkpoint": ckpt,
+            "checkpoint_step": int(checkpoint.get("global_step", 0)),
+            "checkpoint_fingerprint": meta.get("fingerprint"),
+        }
+        del checkpoint
+        if _same_evaluation(existing, record) and not cfg.get("retest"):
+            if is_zero:
+                print_summary(existing)  # type: ignore[arg-type]
+                print(f"[lra-bench] already evaluated: {record_path} left unchanged (retest=true tests again)")
+            return existing  # type: ignore[return-value]
+        owned = True
+        write_record()
+        outputs = TestOutputs()
+        trainer = pl.Trainer(
+            **trainer_kwargs(cfg),
+            callbacks=[outputs],
+            logger=False,
+            default_root_dir=str(output_dir),
+            enable_checkpointing=False,
+            enable_progress_bar=bool(cfg.callbacks.progress_bar),
+            plugins=slurm_plugins(),
+        )
+        test_and_record(trainer, module, dm, ckpt, outputs, record, Path(output_dir))
+        record["metrics"]["params"] = sum(p.numel() for p in module.parameters())
+        record["status"] = "evaluated"
+    except BaseException as err:
+        record["status"], record["error"] = "failed", f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        record["run"]["finished_at"] = now()
+        write_record()
+    if is_zero:
+        print_summary(record)
+    return record
+
+
+def _same_evaluation(existing: dict[str, Any] | None, record: dict[str, Any]) -> bool:
+    """Whether `existing` is a finished evaluation of the same checkpoint (path, step, fingerprint) by the same
+    experiment (fingerprint, data included)."""
+    return (
+        existing is not None
+        and existing.get("status") == "evaluated"
+        and existing.get("fingerprint") == record["fingerprint"]
+        and existing.get("evaluation") == record["evaluation"]
+    )

@@ -1,0 +1,61 @@
+"""What a training run settles before its first step: schedule, identity, run-dir ownership, the checkpoint.
+
+Called by `lra_bench.run.train.train` once the data is prepared and the network built, before anything is written
+to a run dir that already holds a record. In order: the schedule can run (`schedule.check_schedule`); the run's
+identity and fingerprint, and how it deviates from its protocol (`lra_bench.record.conformance`); the run dir holds
+this experiment or none (`run_state.check_same_experiment`); a run already completed is left as it is (unless
+`retest=true`); then `Start.use_checkpoint`: the checkpoint to resume from loads and was made by this model
+(`checkpoint_identity.check_fits`, which also warns when the code changed since it was written). Every refusal is
+one `ConfigError` line, and nothing has been written to a folder that already holds a record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lra_bench.record import conformance
+from lra_bench.record.identity import fingerprint, run_identity
+from lra_bench.run import run_state
+from lra_bench.run.checkpoint_identity import IdentityStamp, check_fits, warn_if_code_changed
+from lra_bench.run.schedule import check_schedule
+
+
+@dataclass
+class Start:
+    finished: dict[str, Any] | None  # the run dir's completed record of this experiment (left untouched)
+    previous: dict[str, Any] | None  # with retest=true: that completed record (its training numbers are kept)
+    stamp: IdentityStamp | None  # the callback that writes the identity into every checkpoint
+
+    def use_checkpoint(self, ckpt: str | None, module: Any, record: dict[str, Any]) -> None:
+        """Refuse a checkpoint that does not load or was made by another model; warn when the code changed."""
+        if not ckpt or self.stamp is None:
+            return
+        checkpoint = check_fits(ckpt, self.stamp.identity, module)
+        warn_if_code_changed(checkpoint, record["code"] or {}, ckpt)
+        record["run"]["resumed_from"] = str(Path(ckpt).resolve())
+
+
+def identify(record: dict[str, Any], dm: Any) -> tuple[dict[str, Any], str]:
+    """Put the run's identity, fingerprint and protocol deviations into `record`; return (identity, fingerprint)."""
+    identity = run_identity(record["config"], run_state.data_identity_of(dm))
+    fp = fingerprint(identity)
+    record.update(identity=identity, fingerprint=fp)
+    record.update(conformance.check(identity, record["task"], record["protocol"], record["attn"], record["selector"]))
+    return identity, fp
+
+
+def start_run(cfg: DictConfig, dm: Any, output_dir: Path, record: dict[str, Any], is_zero: bool) -> Start:
+    check_schedule(cfg, dm)
+    identity, fp = identify(record, dm)
+    stored = run_state.check_same_experiment(output_dir, identity, fp)
+    done = run_state.finished_record(output_dir, fp) if str(cfg.ckpt_path) == "last" else None
+    if done is not None and not cfg.get("retest"):
+        return Start(finished=done, previous=None, stamp=None)
+    if is_zero and stored is None:
+        run_state.write_identity(output_dir, identity, fp, record["code"] or {})
+    stamp = IdentityStamp(identity, fp, record["config"], record["code"] or {})
+    return Start(finished=None, previous=done, stamp=stamp)
