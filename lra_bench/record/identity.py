@@ -35,6 +35,7 @@ LOGISTICS: tuple[str, ...] = (
     "trainer.enable_progress_bar",
     "hydra",
     "fault",  # test-only fault injection: runs with it are never completed anyway
+    "pretrained",  # where the pretraining run lies; what it is enters as `pretraining`/`pretraining_fingerprint`
 )
 
 
