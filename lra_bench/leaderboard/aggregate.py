@@ -16,8 +16,8 @@ from typing import Any
 from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
 from lra_bench.record import results
 
-GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks")
-METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks")
+GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks", "pretraining")
+METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks", "pretraining")
 # Names a task may carry in a record, mapped to the canonical key (configs and older sweeps differ).
 TASK_ALIASES = {
     "pathfinder32": "pathfinder",
@@ -77,8 +77,20 @@ def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict
             continue
         record["_path"] = str(path)
         record["task"] = canonical_task(record.get("task"))
+        record["pretraining"] = pretraining_of(record)
         records.append(record)
     return records, unreadable
+
+
+def pretraining_of(record: dict[str, Any]) -> str:
+    """How the run's encoder was pretrained (none | mlm | causal): self-pretrained rows never pool with scratch
+    rows. Records from before self-pretraining existed say nothing: none."""
+    return str(record.get("pretraining") or (record.get("config") or {}).get("pretraining") or "none")
+
+
+def is_pretraining_stage(record: dict[str, Any]) -> bool:
+    """A `stage=pretrain` run: a language-model objective, no task accuracy — not a leaderboard row."""
+    return (record.get("stage") or (record.get("config") or {}).get("stage")) == "pretrain"
 
 
 def output_dir_of(record: dict[str, Any]) -> str:
@@ -113,8 +125,8 @@ def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    protocol, task, attn, selector, landmarks = key
-    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks))
+    protocol, task, attn, selector, landmarks, pretraining = key
+    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), str(pretraining))
 
 
 def _dedupe_seeds(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -157,7 +169,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     """Completed runs grouped by (protocol, task, attn, selector, num_landmarks), one row per group."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
-        if rec.get("status") == "completed":
+        if rec.get("status") == "completed" and not is_pretraining_stage(rec):
             groups[_group_key(rec, GROUP_KEYS)].append(rec)
     rows, superseded = [], []
     for key in sorted(groups, key=_sort_key):
@@ -192,12 +204,14 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     return rows, superseded
 
 
-def method_label(attn: Any, selector: Any, num_landmarks: Any) -> str:
+def method_label(attn: Any, selector: Any, num_landmarks: Any, pretraining: Any = "none") -> str:
     label = str(attn)
     if selector:
         label += f" / {selector}"
     if num_landmarks is not None:
         label += f" (m={num_landmarks})"
+    if pretraining not in (None, "none"):
+        label += f" + SPT({pretraining})"
     return label
 
 
@@ -239,7 +253,7 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
                 "kind": "ours",
                 "source": "ours",
                 **dict(zip(METHOD_KEYS, key)),
-                "method": method_label(key[1], key[2], key[3]),
+                "method": method_label(key[1], key[2], key[3], key[4]),
                 **{t: entry["cells"].get(t) for t in TASKS},
                 **{f"{t}_std": entry["std"].get(t) for t in TASKS},
                 **{f"{t}_n": entry["n"].get(t) for t in TASKS},
@@ -269,6 +283,7 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
                 "attn": row.attn,
                 "selector": None,
                 "num_landmarks": row.num_landmarks,
+                "pretraining": "none",
                 "method": row.model,
                 **{t: cells.get(t) for t in TASKS},
                 **{f"{t}_std": None for t in TASKS},

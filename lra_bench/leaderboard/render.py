@@ -19,6 +19,7 @@ GROUP_COLUMNS = (
     "attn",
     "selector",
     "num_landmarks",
+    "pretraining",
     "n",
     "seeds",
     "test_acc_mean",
@@ -39,6 +40,7 @@ WIDE_COLUMNS = (
     "attn",
     "selector",
     "num_landmarks",
+    "pretraining",
     *TASKS,
     *(f"{t}_std" for t in TASKS),
     "failed_tasks",
@@ -155,13 +157,14 @@ def render_markdown(
         if notes:
             out += [*notes, ""]
 
-    out += ["## All groups (protocol × task × attn × selector × landmarks)", ""]
+    out += ["## All groups (protocol × task × attn × selector × landmarks × pretraining)", ""]
     header = [
         "protocol",
         "task",
         "attn",
         "selector",
         "landmarks",
+        "pretraining",
         "n",
         "seeds",
         "test acc",
@@ -179,6 +182,7 @@ def render_markdown(
             r["attn"],
             r["selector"] or "—",
             _num(r["num_landmarks"], "{}"),
+            r["pretraining"],
             r["n"],
             r["seeds"],
             _acc(r["test_acc_mean"], r["test_acc_std"]),
@@ -235,6 +239,7 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
         for i, r in enumerate(points):
             label = f"{r['attn']}" + (f"/{r['selector']}" if r["selector"] else "")
             label += f" m={r['num_landmarks']}" if r["num_landmarks"] is not None else ""
+            label += f" +SPT({r['pretraining']})" if r.get("pretraining") not in (None, "none") else ""
             label += f" [{r['protocol']}]"
             ax.errorbar(
                 r[key],
