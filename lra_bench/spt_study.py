@@ -75,9 +75,23 @@ def arm_args(arm: str, attn: str, seed: int, total: int, pretrain: int, data_dir
 
 
 def run_arm(arm: str, attn: str, seed: int, settings: dict[str, Any], out: Path) -> dict[str, Any]:
+    """One arm's row: run it (or resume it), read its records. A row saved by an earlier invocation with the same
+    command is reused as it is (its wall-clock is the one measured then)."""
     name = f"{attn}-{arm}-s{seed}"
     args = arm_args(arm, attn, seed, settings["total_steps"], settings["pretrain_steps"], out / "data")
     args += [f"output_root={out / 'runs'}", f"run_name={name}"]
+    saved = out / "rows" / f"{name}.json"
+    if saved.exists():
+        row = json.loads(saved.read_text())
+        if row.get("args") == args:
+            return row
+    row = measure_arm(arm, attn, seed, name, args, out)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+def measure_arm(arm: str, attn: str, seed: int, name: str, args: list[str], out: Path) -> dict[str, Any]:
     cmd = [sys.executable, "run.py", *args]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
@@ -98,6 +112,7 @@ def run_arm(arm: str, attn: str, seed: int, settings: dict[str, Any], out: Path)
         "pretrain_masked_acc": None,
         "wall_s": round(wall, 1),
         "command": "python run.py " + " ".join(a for a in args if not a.startswith(("output_root=", "data_dir="))),
+        "args": args,
     }
     if arm == "spt":
         pre = json.loads((job / "pretrain" / "results.json").read_text())
