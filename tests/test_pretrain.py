@@ -194,6 +194,15 @@ def test_finetune_loads_exactly_the_pretrained_encoder_and_a_fresh_head(pretrain
     assert cfg.pretraining == "mlm" and len(cfg.pretraining_fingerprint) == 16
 
 
+def test_a_checkpoint_file_of_the_run_can_be_named_instead(pretrained_run: Path, tmp_path: Path) -> None:
+    best = sorted((pretrained_run / "checkpoints").glob("best-*.ckpt"))[-1]
+    module, cfg = _finetune_module(tmp_path, best)
+    state = load_checkpoint(best)["state_dict"]
+    assert torch.equal(module.model.encoder.token_emb.weight, state["model.encoder.token_emb.weight"])
+    source = stage.resolve_stage(cfg)
+    assert source.checkpoint == best and source.run_dir == pretrained_run
+
+
 def test_gpa_codebook_is_loaded_with_the_encoder(tmp_path: Path) -> None:
     out = tmp_path / "outputs" / "pretrain-gpa"
     cfg = tiny_cfg(tmp_path, "attn=gpa", "stage=pretrain", "trainer.max_steps=4", "selector.refresh_every=2")
@@ -343,3 +352,40 @@ def test_leaderboard_keeps_spt_rows_apart_and_pretraining_runs_out(tmp_path: Pat
     got = {r["pretraining"]: (r["n"], r["test_acc_mean"]) for r in rows}
     assert got == {"none": (2, pytest.approx(31.0)), "mlm": (1, pytest.approx(50.0)), "causal": (1, 40.0)}
     assert not superseded  # the pretraining record (seed 0) never competes with the seed-0 fine-tunes
+
+
+# -- the study's numbers and its section in docs/results.md ----------------------------------------------------
+def test_study_summary_and_results_section() -> None:
+    from lra_bench.results_doc import SPT_BEGIN, SPT_END, with_spt_section
+    from lra_bench.spt_study import render_markdown, summarize
+
+    rng = np.random.default_rng(0)
+    rows = [
+        {"attn": a, "arm": arm, "seed": s, "test_acc": float(rng.uniform(0.2, 0.6)), "val_acc": 0.5, "best_step": 100,
+         "pretrain_masked_acc": 0.4 if arm == "spt" else None, "wall_s": 1.0}
+        for a in ("full", "nystrom") for s in (0, 1, 2) for arm in ("scratch", "spt")
+    ]  # fmt: skip
+    summary = {e["attn"]: e for e in summarize(rows)}
+    for attn in ("full", "nystrom"):
+        acc = {
+            arm: np.array([r["test_acc"] for r in rows if r["attn"] == attn and r["arm"] == arm])
+            for arm in ("scratch", "spt")
+        }
+        e = summary[attn]
+        assert math.isclose(e["spt_mean"], acc["spt"].mean()) and math.isclose(
+            e["scratch_std"], acc["scratch"].std(ddof=1)
+        )
+        assert np.allclose(e["diff_per_seed"], acc["spt"] - acc["scratch"])
+        assert math.isclose(e["diff_mean"], (acc["spt"] - acc["scratch"]).mean())
+    study = {
+        "settings": {"train_examples": 1000, "total_steps": 600, "pretrain_steps": 300},
+        "summary": summarize(rows), "rows": rows, "env": {"hardware": {}, "git_commit": "abc"},
+        "uptime_before": "load 1", "uptime_after": "load 2", "command": "python -m lra_bench.spt_study",
+    }  # fmt: skip
+    doc = "# Results\n\n## Benchmark\n\nnumbers\n"
+    once = with_spt_section(doc, [study])
+    assert once.startswith(doc.rstrip("\n")) and once.count(SPT_BEGIN) == 1 and render_markdown(study, h="##") in once
+    rows[0]["test_acc"] = 0.99
+    study["summary"] = summarize(rows)
+    twice = with_spt_section(once + "\n## After\n", [study])
+    assert twice.count(SPT_BEGIN) == twice.count(SPT_END) == 1 and "| 99.0 |" in twice and twice.endswith("## After\n")
