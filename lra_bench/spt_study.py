@@ -62,8 +62,14 @@ def uptime() -> str:
         return f"load average {os.getloadavg()}"
 
 
-def arm_args(arm: str, attn: str, seed: int, total: int, pretrain: int, data_dir: Path) -> list[str]:
-    args = [*TASK, f"attn={attn}", *ATTN_ARGS.get(attn, []), f"seed={seed}", f"data_dir={data_dir}"]
+def task_args(train_examples: int) -> list[str]:
+    return [f"task.gen_num_train={train_examples}" if a.startswith("task.gen_num_train=") else a for a in TASK]
+
+
+def arm_args(arm: str, attn: str, seed: int, settings: dict[str, Any], data_dir: Path) -> list[str]:
+    total, pretrain = settings["total_steps"], settings["pretrain_steps"]
+    task = task_args(settings["train_examples"])
+    args = [*task, f"attn={attn}", *ATTN_ARGS.get(attn, []), f"seed={seed}", f"data_dir={data_dir}"]
     if arm == "scratch":
         return [*args, f"trainer.max_steps={total}"]
     return [
@@ -78,7 +84,7 @@ def run_arm(arm: str, attn: str, seed: int, settings: dict[str, Any], out: Path)
     """One arm's row: run it (or resume it), read its records. A row saved by an earlier invocation with the same
     command is reused as it is (its wall-clock is the one measured then)."""
     name = f"{attn}-{arm}-s{seed}"
-    args = arm_args(arm, attn, seed, settings["total_steps"], settings["pretrain_steps"], out / "data")
+    args = arm_args(arm, attn, seed, settings, out / "data")
     args += [f"output_root={out / 'runs'}", f"run_name={name}"]
     saved = out / "rows" / f"{name}.json"
     if saved.exists():
@@ -152,7 +158,8 @@ def _pct(value: float | None, std: float | None = None) -> str:
 def render_markdown(study: dict[str, Any], h: str = "#") -> str:
     s = study["settings"]
     lines = [
-        f"{h} Self-pretraining vs scratch at equal total steps (`python -m lra_bench.spt_study`)",
+        f"{h} Self-pretraining vs scratch at equal total steps: {s['train_examples']} labelled ListOps examples, "
+        f"{s['total_steps']} steps (`python -m lra_bench.spt_study`)",
         "",
         f"Small generated ListOps (length ≤ 128, depth ≤ 3, {s['train_examples']} labelled training examples, "
         f"500 val / 500 test), the 2-layer dim-64 encoder, batch 32, lr 2e-3. **scratch**: {s['total_steps']} "
@@ -171,6 +178,10 @@ def render_markdown(study: dict[str, Any], h: str = "#") -> str:
             f"| `{e['attn']}` | {_pct(e['scratch_mean'], e['scratch_std'])} | {_pct(e['spt_mean'], e['spt_std'])} "
             f"| {diff} | {per_seed} | {e['spt_n']} |"
         )
+    diffs = [d for e in study["summary"] for d in e["diff_per_seed"]]
+    if diffs:
+        wins = sum(d > 0 for d in diffs)
+        lines += ["", f"SPT above scratch in {wins} of {len(diffs)} paired (attention, seed) runs."]
     lines += ["", "Per run (test / val accuracy %, the pretraining stage's masked-token accuracy on its hold-out):", ""]
     lines += [
         "| attention | arm | seed | test | val | best step | masked acc | wall (s) |",
@@ -199,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--total-steps", type=int, default=600)
     parser.add_argument("--pretrain-steps", type=int, default=300)
+    parser.add_argument("--train-examples", type=int, default=1000, help="labelled (= pretraining) examples")
     args = parser.parse_args(argv)
     if not 0 < args.pretrain_steps < args.total_steps:
         parser.error(f"--pretrain-steps={args.pretrain_steps}: must be in (0, --total-steps={args.total_steps})")
@@ -207,10 +219,10 @@ def main(argv: list[str] | None = None) -> None:
     settings = {
         "total_steps": args.total_steps,
         "pretrain_steps": args.pretrain_steps,
-        "train_examples": int(next(a for a in TASK if a.startswith("task.gen_num_train=")).split("=")[1]),
+        "train_examples": args.train_examples,
         "attns": args.attns.split(","),
         "seeds": [int(s) for s in args.seeds.split(",")],
-        "task_overrides": TASK,
+        "task_overrides": task_args(args.train_examples),
     }
     study: dict[str, Any] = {
         "settings": settings,
