@@ -86,7 +86,13 @@ def run_spt(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     from lra_bench.run.pretrain import check_pretrain_keys
     from lra_bench.run.train import train
 
-    check_pretrain_keys(cfg)  # fail before either stage starts (e.g. objective=causal with attn=nystrom)
+    validate(cfg)  # fail before either stage starts (a typo, objective=causal with attn=nystrom, …)
+    check_pretrain_keys(cfg)
+    if cfg.get("pretrained"):
+        raise ConfigError(
+            f"pretrained={cfg.pretrained}: stage=spt pretrains its own encoder (in <run dir>/{PRETRAIN_DIR}); drop "
+            "pretrained=, or fine-tune an existing pretraining run with stage=supervised pretrained=<its run dir>"
+        )
     # The job dir holds no record of its own (its stages do): a results.json there is the launcher's failure note
     # for an earlier attempt (LeaderboardCallback.on_job_end) and would list this job as failed once it succeeds.
     (Path(output_dir) / results.FILENAME).unlink(missing_ok=True)

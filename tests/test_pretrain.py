@@ -239,6 +239,13 @@ def test_a_mismatched_finetune_is_one_line(
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_the_one_command_experiment_refuses_an_outside_encoder(pretrained_run: Path, tmp_path: Path) -> None:
+    cfg = tiny_cfg(tmp_path, "experiment=spt/listops", "attn=full", f"pretrained='{pretrained_run}'")
+    with pytest.raises(ConfigError, match="stage=spt pretrains its own encoder"):
+        train(cfg, tmp_path / "job")
+    assert not (tmp_path / "job").exists()
+
+
 def test_only_a_completed_pretraining_run_is_accepted(pretrained_run: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     copy.mkdir()
