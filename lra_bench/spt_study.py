@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -155,6 +156,11 @@ def _pct(value: float | None, std: float | None = None) -> str:
     return f"{100 * value:.1f}" + (f" ± {100 * std:.1f}" if std is not None else "")
 
 
+def public_command(study: dict[str, Any]) -> str:
+    """The study's command as a reader would type it: the output folder (a path of the machine it ran on) left out."""
+    return re.sub(r"\s--out(=|\s+)\S+", "", study["command"])
+
+
 def render_markdown(study: dict[str, Any], h: str = "#") -> str:
     s = study["settings"]
     lines = [
@@ -197,7 +203,7 @@ def render_markdown(study: dict[str, Any], h: str = "#") -> str:
         "",
         f"Machine: {hw.get('cpu')}, {hw.get('cpu_count')} logical CPUs, git `{study['env']['git_commit']}`; "
         f"`uptime` before: `{study['uptime_before']}`; after: `{study['uptime_after']}` "
-        f"(wall-clock is shared-machine time, not a speed measurement). Reproduce: `{study['command']}`; "
+        f"(wall-clock is shared-machine time, not a speed measurement). Reproduce: `{public_command(study)}`; "
         "each run's own command is in `spt_study.json`.",
     ]
     return "\n".join(lines) + "\n"

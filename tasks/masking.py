@@ -15,6 +15,10 @@ Objectives (the masking follows IdoAmos/not-from-scratch@f919137, `src/dataloade
 * `causal` — inputs unchanged; the target at position i is token i+1 (their `causal_lm`: `sample[1:]`, the last
   position ignored); the attention must run in its causal mode.
 
+One deliberate difference: their code also masks the val split for the MLM validation curve
+(`src/dataloaders/lra.py`, `ListOpsLM.setup`); here that curve comes from a hold-out of the training split, so the
+whole pretraining stage reads nothing but training inputs.
+
 Masks are a pure function of (seed, the batch's example indices): a resumed run redraws exactly the masks it would
 have drawn, in the main process or a worker, while each epoch (a new permutation, so new batch compositions) gets
 fresh masks — dynamic masking without any state to checkpoint. Two-tower tasks pretrain on both documents as
