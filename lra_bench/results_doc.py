@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         text = args.out.read_text() if args.out.exists() else ""
     if args.spt:
         text = with_spt_section(text, [json.loads((d / "spt_study.json").read_text()) for d in args.spt])
+    elif args.out.exists():  # a full render without --spt keeps the study section already in the document
+        text = keep_spt_section(text, args.out.read_text())
     args.out.write_text(text)
     print(f"wrote {args.out}")
 
@@ -232,12 +234,21 @@ def main(argv: list[str] | None = None) -> None:
 SPT_BEGIN, SPT_END = "<!-- spt_study: begin -->", "<!-- spt_study: end -->"
 
 
+def keep_spt_section(text: str, previous: str) -> str:
+    """`text` with the study section of `previous` (if it has one) appended: the studies take hours to rerun."""
+    if SPT_BEGIN not in previous or SPT_END not in previous or SPT_BEGIN in text:
+        return text
+    section = SPT_BEGIN + previous.split(SPT_BEGIN, 1)[1].split(SPT_END, 1)[0] + SPT_END + "\n"
+    return text.rstrip("\n") + "\n\n" + section
+
+
 def with_spt_section(text: str, studies: list[dict[str, Any]]) -> str:
     """`text` with the self-pretraining studies' section (between markers) replaced, or appended."""
     from lra_bench.spt_study import render_markdown as spt_markdown
 
     body = "\n".join(spt_markdown(study, h="##") for study in studies)
-    section = f"{SPT_BEGIN}\n{body}{SPT_END}\n"
+    note = "> Rendered from each study's `spt_study.json` by `python -m lra_bench.results_doc --spt DIR [--spt DIR …]`."
+    section = f"{SPT_BEGIN}\n{note}\n\n{body}{SPT_END}\n"
     if SPT_BEGIN in text and SPT_END in text:
         head, rest = text.split(SPT_BEGIN, 1)
         return head + section + rest.split(SPT_END, 1)[1].lstrip("\n")

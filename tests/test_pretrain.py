@@ -363,7 +363,7 @@ def test_leaderboard_keeps_spt_rows_apart_and_pretraining_runs_out(tmp_path: Pat
 
 # -- the study's numbers and its section in docs/results.md ----------------------------------------------------
 def test_study_summary_and_results_section() -> None:
-    from lra_bench.results_doc import SPT_BEGIN, SPT_END, with_spt_section
+    from lra_bench.results_doc import SPT_BEGIN, SPT_END, keep_spt_section, with_spt_section
     from lra_bench.spt_study import render_markdown, summarize
 
     rng = np.random.default_rng(0)
@@ -396,3 +396,5 @@ def test_study_summary_and_results_section() -> None:
     study["summary"] = summarize(rows)
     twice = with_spt_section(once + "\n## After\n", [study])
     assert twice.count(SPT_BEGIN) == twice.count(SPT_END) == 1 and "| 99.0 |" in twice and twice.endswith("## After\n")
+    rerendered = keep_spt_section("# Results\n\n## Benchmark\n\nnew numbers\n", twice)  # `make results` again
+    assert "new numbers" in rerendered and rerendered.count(SPT_BEGIN) == 1 and "| 99.0 |" in rerendered
