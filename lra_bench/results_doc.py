@@ -1,4 +1,5 @@
-"""`python -m lra_bench.results_doc` — render docs/results.md from a bench run and an approx run (`make results`).
+"""`python -m lra_bench.results_doc` — render docs/results.md from a bench run and an approx run (`make results`)
+(and, with `--spt DIR`, the self-pretraining study's section from `DIR/spt_study.json`).
 
 Every number in the document is read from `bench.json` / `approx.json` and formatted by code (the same
 renderers that write each app's own markdown); the verdicts are computed. Rerun instead of editing.
@@ -201,6 +202,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bench", type=Path, help="a bench run dir (holds bench.json)")
     parser.add_argument("--approx", type=Path, help="an approx run dir (holds approx.json)")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    parser.add_argument(
+        "--spt",
+        type=Path,
+        action="append",
+        help="an spt_study dir (spt_study.json; repeatable); alone: only that section",
+    )
     args = parser.parse_args(argv)
     img_dir = args.out.parent / "img"
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -212,8 +219,40 @@ def main(argv: list[str] | None = None) -> None:
         for png in data.get("plots", []):
             shutil.copy2(folder / png, img_dir / png)
         loaded[key] = refresh(key, data)
-    args.out.write_text(render(loaded.get("bench"), loaded.get("approx"), img="img"))
+    if loaded or args.spt is None:
+        text = render(loaded.get("bench"), loaded.get("approx"), img="img")
+    else:  # only the study given: keep the document, replace (or add) its section
+        text = args.out.read_text() if args.out.exists() else ""
+    if args.spt:
+        text = with_spt_section(text, [json.loads((d / "spt_study.json").read_text()) for d in args.spt])
+    elif args.out.exists():  # a full render without --spt keeps the study section already in the document
+        text = keep_spt_section(text, args.out.read_text())
+    args.out.write_text(text)
     print(f"wrote {args.out}")
+
+
+SPT_BEGIN, SPT_END = "<!-- spt_study: begin -->", "<!-- spt_study: end -->"
+
+
+def keep_spt_section(text: str, previous: str) -> str:
+    """`text` with the study section of `previous` (if it has one) appended: the studies take hours to rerun."""
+    if SPT_BEGIN not in previous or SPT_END not in previous or SPT_BEGIN in text:
+        return text
+    section = SPT_BEGIN + previous.split(SPT_BEGIN, 1)[1].split(SPT_END, 1)[0] + SPT_END + "\n"
+    return text.rstrip("\n") + "\n\n" + section
+
+
+def with_spt_section(text: str, studies: list[dict[str, Any]]) -> str:
+    """`text` with the self-pretraining studies' section (between markers) replaced, or appended."""
+    from lra_bench.spt_study import render_markdown as spt_markdown
+
+    body = "\n".join(spt_markdown(study, h="##") for study in studies)
+    note = "> Rendered from each study's `spt_study.json` by `python -m lra_bench.results_doc --spt DIR [--spt DIR …]`."
+    section = f"{SPT_BEGIN}\n{note}\n\n{body}{SPT_END}\n"
+    if SPT_BEGIN in text and SPT_END in text:
+        head, rest = text.split(SPT_BEGIN, 1)
+        return head + section + rest.split(SPT_END, 1)[1].lstrip("\n")
+    return text.rstrip("\n") + "\n\n" + section
 
 
 if __name__ == "__main__":

@@ -127,8 +127,14 @@ class Encoder(nn.Module):
         positions = torch.arange(x.shape[1], device=ids.device)
         return self.drop(x + self.pos_emb(positions)), mask
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def features(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-position outputs `[B, N (+1 with CLS), dim]` after the final norm, and the mask they go with —
+        what a sequence classifier pools and what a language-model head reads token by token."""
         x, mask = self.embed(ids, mask)
         for block in self.blocks:
             x = block(x, mask)
-        return pool(self.norm(x), mask, self.pooling)
+        return self.norm(x), mask
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x, mask = self.features(ids, mask)
+        return pool(x, mask, self.pooling)

@@ -1,7 +1,11 @@
-"""Classifier heads: one tower (most tasks) and the dual-tower retrieval head.
+"""Heads on the encoder: one tower (most tasks), the dual-tower retrieval head, and the per-token LM head.
 
 Dual tower: one shared encoder embeds both documents into u and v; `nli` classifies [u, v, u·v, u−v]
 (Nyströmformer/xformers/S4), `concat` classifies [u, v] (what the official LRA JAX training actually ran).
+
+`LanguageModel` is the self-pretraining network: the same `Encoder` with a separate linear head on every
+position (token logits, or one value per position for pixel regression). The head is dropped when fine-tuning;
+the encoder — the attribute `encoder` in every network here — is what carries over.
 """
 
 from __future__ import annotations
@@ -39,3 +43,19 @@ class DualClassifier(nn.Module):
         v = self.encoder(batch["input_ids_2"], batch.get("mask_2"))
         feats = [u, v, u * v, u - v] if self.interaction == "nli" else [u, v]
         return self.head(torch.cat(feats, dim=-1))
+
+
+class LanguageModel(nn.Module):
+    """Encoder + a linear head per position: `batch["input_ids"] [B, N]` → `[B, N, outputs]` (CLS position
+    dropped), for masked-token or next-token self-pretraining (`lra_bench.run.pretrain`)."""
+
+    def __init__(self, encoder: Encoder, dim: int, outputs: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.lm_head = nn.Linear(dim, outputs)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x, _ = self.encoder.features(batch["input_ids"], batch.get("mask"))
+        if self.encoder.use_cls:
+            x = x[:, 1:]
+        return self.lm_head(x)

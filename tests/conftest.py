@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +95,36 @@ def run_cli(
         raise AssertionError(
             f"run.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
         )
+    return proc
+
+
+def checkpoint_step(path: Path) -> int:
+    """The `global_step` of a checkpoint file, -1 while it is absent or being replaced."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+    except Exception:  # not there yet, or being replaced right now
+        return -1
+
+
+def kill_at_checkpoint(
+    args: list[str], tmp_path: Path, ckpt: Path, step: int, log_path: Path, timeout_s: float = 300
+) -> subprocess.Popen:
+    """Start `python run.py ARGS` (outputs and data under tmp_path, as `run_cli`) and SIGKILL it as soon as `ckpt`
+    holds a checkpoint at `step` or later; the run's output goes to `log_path`. Returns the ended process."""
+    cmd = [sys.executable, str(REPO / "run.py"), f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([*cmd, *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not (ckpt.exists() and checkpoint_step(ckpt) >= step):
+                if proc.poll() is not None:
+                    pytest.fail(f"ended before the kill:\n{log_path.read_text()[-3000:]}")
+                assert time.monotonic() < deadline, f"no {ckpt} at step >= {step} in time"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.wait(timeout=60)
     return proc
 
 

@@ -9,11 +9,7 @@ position, the position being `global_step` restored by Lightning), the dropout R
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +17,7 @@ import pytest
 import torch
 
 from tasks.base import ResumableSampler
-from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.conftest import TINY_LISTOPS, checkpoint_step, kill_at_checkpoint, run_cli
 
 
 class _Sized(torch.utils.data.Dataset):
@@ -102,13 +98,6 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
 
 
-def _ckpt_step(path: Path) -> int:
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
-    except Exception:  # being replaced right now
-        return -1
-
-
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """The uninterrupted reference run (shared by the kill tests)."""
@@ -130,32 +119,12 @@ def test_sigkill_then_same_command_matches_an_uninterrupted_run(
     base = root / "outputs" / "listops" / "nystrom"
     name = f"killed{kill_at}"
     killed_args = [*RESUME_ARGS, f"run_name={name}", "+fault.step_sleep_s=0.4"]  # slow steps: time to kill
-    cmd = [
-        sys.executable,
-        str(REPO / "run.py"),
-        f"output_root={root / 'outputs'}",
-        f"data_dir={root / 'data'}",
-        *killed_args,
-    ]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     killed = base / name
     last = killed / "checkpoints" / "last.ckpt"
-    log_path = root / f"{name}-first-attempt.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 300
-            while not (last.exists() and _ckpt_step(last) >= kill_at):
-                if proc.poll() is not None:
-                    pytest.fail(f"ended before the kill:\n{log_path.read_text()[-3000:]}")
-                assert time.monotonic() < deadline, f"no last.ckpt at step >= {kill_at} in time"
-                time.sleep(0.02)
-            proc.send_signal(signal.SIGKILL)
-        finally:
-            proc.wait(timeout=60)
+    proc = kill_at_checkpoint(killed_args, root, last, kill_at, root / f"{name}-first-attempt.log")
     assert proc.returncode == -signal.SIGKILL
     assert _record(killed)["status"] == "running"  # SIGKILL: nothing could record the end
-    assert _ckpt_step(last) == kill_at, f"meant to resume from the checkpoint saved {saved_by}"
+    assert checkpoint_step(last) == kill_at, f"meant to resume from the checkpoint saved {saved_by}"
 
     run_cli(killed_args, root)  # the same command again
     resumed = _record(killed)

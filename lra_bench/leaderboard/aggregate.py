@@ -20,8 +20,8 @@ from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS,
 from lra_bench.record import results
 
 #: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
-GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks")
-METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks")
+GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks", "pretraining")
+METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks", "pretraining")
 #: a wide (per-method) row: the method, whether its runs kept the protocol, and the variant that sets it apart
 WIDE_KEYS = (*METHOD_KEYS, "conformance", "variant")
 # Names a task may carry in a record, mapped to the canonical key (configs and older sweeps differ).
@@ -83,8 +83,20 @@ def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict
             continue
         record["_path"] = str(path)
         record["task"] = canonical_task(record.get("task"))
+        record["pretraining"] = pretraining_of(record)
         records.append(record)
     return records, unreadable
+
+
+def pretraining_of(record: dict[str, Any]) -> str:
+    """How the run's encoder was pretrained (none | mlm | causal): self-pretrained rows never pool with scratch
+    rows. Records from before self-pretraining existed say nothing: none."""
+    return str(record.get("pretraining") or (record.get("config") or {}).get("pretraining") or "none")
+
+
+def is_pretraining_stage(record: dict[str, Any]) -> bool:
+    """A `stage=pretrain` run: a language-model objective, no task accuracy — not a leaderboard row."""
+    return (record.get("stage") or (record.get("config") or {}).get("stage")) == "pretrain"
 
 
 def output_dir_of(record: dict[str, Any]) -> str:
@@ -147,9 +159,9 @@ def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    protocol, task, attn, selector, landmarks, conformance, fp = key
+    protocol, task, attn, selector, landmarks, pretraining, conformance, fp = key
     order = experiments.CONFORMANCE.index(conformance)
-    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), order, fp)
+    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), str(pretraining), order, fp)
 
 
 def _dedupe_seeds(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -192,7 +204,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     """Completed training runs, one row per experiment (fingerprint except seed) — see `experiments`."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
-        if rec.get("status") == "completed" and not is_evaluation(rec):
+        if rec.get("status") == "completed" and not is_evaluation(rec) and not is_pretraining_stage(rec):
             key = (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec))
             groups[key].append(rec)
     rows, superseded = [], []
@@ -238,12 +250,14 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     return rows, superseded
 
 
-def method_label(attn: Any, selector: Any, num_landmarks: Any, variant: str = "") -> str:
+def method_label(attn: Any, selector: Any, num_landmarks: Any, variant: str = "", pretraining: Any = "none") -> str:
     label = str(attn)
     if selector:
         label += f" / {selector}"
     if num_landmarks is not None:
         label += f" (m={num_landmarks})"
+    if pretraining not in (None, "none"):
+        label += f" + SPT({pretraining})"
     if variant:
         label += f" [{variant}]"
     return label
@@ -289,9 +303,9 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
                 "kind": "ours",
                 "source": "ours",
                 **dict(zip(WIDE_KEYS, key)),
-                "off_protocol": {"on": False, "off": True}.get(key[4]),
+                "off_protocol": {"on": False, "off": True}.get(key[5]),
                 "deviations": ",".join(sorted(entry["deviations"])),
-                "method": method_label(key[1], key[2], key[3], key[5]),
+                "method": method_label(key[1], key[2], key[3], key[6], key[4]),
                 **{t: entry["cells"].get(t) for t in TASKS},
                 **{f"{t}_std": entry["std"].get(t) for t in TASKS},
                 **{f"{t}_n": entry["n"].get(t) for t in TASKS},

@@ -25,6 +25,7 @@ GROUP_COLUMNS = (
     "off_protocol",
     "deviations",
     "fingerprint",
+    "pretraining",
     "n",
     "seeds",
     "test_acc_mean",
@@ -50,6 +51,7 @@ WIDE_COLUMNS = (
     "conformance",
     "off_protocol",
     "deviations",
+    "pretraining",
     *TASKS,
     *(f"{t}_std" for t in TASKS),
     "failed_tasks",
@@ -200,6 +202,7 @@ def render_markdown(
         "landmarks",
         "variant",
         "protocol kept",
+        "pretraining",
         "n",
         "seeds",
         "test acc",
@@ -219,6 +222,7 @@ def render_markdown(
             _num(r["num_landmarks"], "{}"),
             r.get("variant") or "—",
             _kept(r),
+            r["pretraining"],
             r["n"],
             r["seeds"],
             _acc(r["test_acc_mean"], r["test_acc_std"]),
@@ -291,6 +295,7 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
         for i, r in enumerate(points):
             label = f"{r['attn']}" + (f"/{r['selector']}" if r["selector"] else "")
             label += f" m={r['num_landmarks']}" if r["num_landmarks"] is not None else ""
+            label += f" +SPT({r['pretraining']})" if r.get("pretraining") not in (None, "none") else ""
             label += f" [{r['protocol']}]" + MARKS.get(str(r.get("conformance")), "")
             label += f" {r['variant']}" if r.get("variant") else ""
             ax.errorbar(

@@ -45,6 +45,7 @@ LOGISTICS: tuple[str, ...] = (
     "retest",
     "hydra",
     "fault",  # test-only fault injection (slow steps, NaNs): a run it breaks never completes
+    "pretrained",  # where the pretraining run lies; what it is enters as `pretraining`/`pretraining_fingerprint`
 )
 
 #: the data's identity, which the config does not hold: the resolved source and the preprocessing cache key
@@ -60,6 +61,7 @@ ARCHITECTURE: tuple[str, ...] = (
     "model",
     "attn",
     "selector",
+    "pretraining",  # an mlm encoder has one more embedding row (the mask token)
 )
 
 

@@ -17,6 +17,11 @@ Schema (version 2) — every key is always present; unknown values are null:
     deviations      {dotted.key: {"protocol": value, "run": value}} | null   the changed values
     evaluation      {checkpoint, checkpoint_step, checkpoint_fingerprint} | null   (status evaluated only)
     predictions     str | null          file name of the per-example test outputs beside this record
+    stage           "train" | "pretrain"                 (self-pretraining: see lra_bench.run.pretrain)
+    pretraining     "none" | "mlm" | "causal"            what the encoder was pretrained with before this run
+    pretrained      {path, fingerprint, family_fingerprint, objective, mask_ratio, steps, …} | null
+    pretrain        {objective, mask_ratio, mask_id, loss, holdout_fraction, curve, best_val_acc, final} | null
+                    (stage pretrain only)
     run             {name, output_dir, started_at, finished_at, wandb_id, resumed_from_step, resumed_from,
                      planned_steps, segments: [{started_at, from_step, code}]}
     metrics         {val_acc, test_acc, test_loss, test_examples, best_step, train_steps, step_time_median_s,
@@ -92,6 +97,10 @@ def empty_record() -> dict[str, Any]:
         "deviations": None,
         "evaluation": None,
         "predictions": None,
+        "stage": "train",
+        "pretraining": "none",
+        "pretrained": None,
+        "pretrain": None,
         "run": dict.fromkeys(RUN_KEYS),
         "metrics": dict.fromkeys(METRIC_KEYS),
         "diagnostics": {"latest": None, "best": None},
@@ -128,6 +137,10 @@ def read_record(path: Path) -> dict[str, Any]:
     if record["schema_version"] == 1:
         for key in V2_KEYS:
             record.setdefault(key, None)
+        record.setdefault("stage", "train")
+        record.setdefault("pretraining", "none")
+        record.setdefault("pretrained", None)
+        record.setdefault("pretrain", None)
         for section, keys in (("metrics", METRIC_KEYS), ("run", RUN_KEYS)):
             if isinstance(record.get(section), dict):
                 for key in keys:

@@ -14,11 +14,13 @@ from torch import nn
 from lra_bench.registry import ATTENTIONS, TASKS, build_attention, build_selector
 from models.attention.base import Attention
 from models.build import AttentionFactory, build_classifier, offset_seed
+from tasks.masking import extra_tokens
 
 
 def build_datamodule(cfg: DictConfig) -> Any:
+    """The task's data module; for `stage=pretrain` its self-pretraining view (train inputs only, masked)."""
     cls = TASKS.get(cfg.task.name)
-    return cls(
+    dm = cls(
         OmegaConf.to_container(cfg.task, resolve=True),
         data_dir=str(cfg.data_dir),
         cache_dir=str(cfg.cache_dir),
@@ -27,6 +29,11 @@ def build_datamodule(cfg: DictConfig) -> Any:
         num_workers=int(cfg.data.num_workers),
         seed=int(cfg.seed),
     )
+    if cfg.get("stage") == "pretrain":
+        from lra_bench.run.pretrain import pretraining_data
+
+        return pretraining_data(cfg, dm)
+    return dm
 
 
 def selector_node(cfg: DictConfig) -> dict[str, Any] | None:
@@ -84,10 +91,12 @@ def build_network(
 
 
 def build_model(cfg: DictConfig, dm: Any) -> nn.Module:
+    """The run's network. An encoder pretrained with `mlm` (or being pretrained) has one more embedding row, the
+    mask token (`tasks.masking.extra_tokens`); `stage=pretrain` puts the per-token LM head on it instead."""
     model: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
     attn: dict[str, Any] = OmegaConf.to_container(cfg.attn, resolve=True)  # type: ignore[assignment]
-    return build_network(
-        vocab_size=dm.vocab_size,
+    network = build_network(
+        vocab_size=dm.vocab_size + extra_tokens(cfg.get("pretraining")),
         seq_len=dm.seq_len,
         num_classes=dm.num_classes,
         dual=dm.dual,
@@ -95,3 +104,8 @@ def build_model(cfg: DictConfig, dm: Any) -> nn.Module:
         attn=attn,
         selector=selector_node(cfg),
     )
+    if cfg.get("stage") == "pretrain":
+        from lra_bench.run.pretrain import language_model
+
+        return language_model(cfg, network, dm)
+    return network

@@ -89,14 +89,18 @@ class LRAModule(pl.LightningModule):
         return {"pred": preds.detach(), "loss": losses.detach()}
 
     def configure_optimizers(self) -> dict[str, Any]:
-        o = self.optim_cfg
-        optimizer = torch.optim.AdamW(
-            self.parameters(),
-            lr=o["lr"],
-            betas=tuple(o.get("betas", (0.9, 0.999))),
-            eps=o.get("eps", 1e-6),
-            weight_decay=o.get("weight_decay", 0.0),
-        )
-        schedule = lr_lambda(o.get("schedule", "linear"), int(o.get("warmup_steps", 0)), self.max_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return adamw_with_schedule(self.parameters(), self.optim_cfg, self.max_steps)
+
+
+def adamw_with_schedule(params: Any, o: dict[str, Any], max_steps: int) -> dict[str, Any]:
+    """AdamW and its per-step schedule from the `optim` node (shared by every stage's LightningModule)."""
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=o["lr"],
+        betas=tuple(o.get("betas", (0.9, 0.999))),
+        eps=o.get("eps", 1e-6),
+        weight_decay=o.get("weight_decay", 0.0),
+    )
+    schedule = lr_lambda(o.get("schedule", "linear"), int(o.get("warmup_steps", 0)), max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -57,7 +57,8 @@ def check_schedule(cfg: DictConfig, dm: Any) -> None:
             f"trainer.max_steps={max_steps}: no validation would run, so there is no best-val checkpoint to test; "
             f"use trainer.val_check_interval <= {max_steps}"
         )
-    if cfg.test and _size(dm, "test") == 0:
+    tests = cfg.test and cfg.get("stage", "train") != "pretrain"  # a pretraining stage never tests
+    if tests and _size(dm, "test") == 0:
         raise ConfigError(f"test=true but the test split is empty ({dm.name}); check the data or set test=false")
 
 

@@ -27,7 +27,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from lra_bench.config.validate import check_writable, validate
 from lra_bench.record import results
 from lra_bench.record.builder import new_record, now
-from lra_bench.run import checkpointing
+from lra_bench.run import checkpointing, pretrain
 from lra_bench.run.build import build_datamodule, build_model
 from lra_bench.run.console import print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
@@ -161,7 +161,13 @@ def metric(trainer: pl.Trainer, key: str) -> float | None:
 
 def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Run and return the result record (also written to `<output_dir>/results.json`)."""
+    if cfg.get("stage") == "spt":  # self-pretraining then fine-tuning: two runs of this function (lra_bench.spt)
+        from lra_bench.spt import run_spt
+
+        return run_spt(cfg, output_dir)
     validate(cfg)
+    source = pretrain.resolve_stage(cfg)  # stage keys checked; `pretraining` derived; the run a fine-tune starts from
+    pretraining_stage = cfg.stage == "pretrain"
     check_launch(cfg)
     check_writable(output_dir)
     is_zero = rank_zero_only.rank == 0
@@ -175,6 +181,11 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             results.write_atomic(record_path, record)
 
     record = new_record(cfg, output_dir)
+    record.update(
+        stage=str(cfg.stage),
+        pretraining=str(cfg.pretraining),
+        pretrained=source.describe() if source else None,
+    )
     record_path = output_dir / results.FILENAME
     owned = not record_path.exists()  # a folder's existing record is replaced only once start_run accepted the run
     write_record()
@@ -188,8 +199,10 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         dm = build_datamodule(cfg)
         prepare_data(dm, output_dir, is_zero)
         record["data"].update(dm.data_info())
-        record["data"]["majority_share"] = majority_share(dm) if is_zero else None
-        module = _build_module(cfg, dm)
+        record["data"]["majority_share"] = majority_share(dm) if is_zero and not pretraining_stage else None
+        if pretraining_stage:
+            record["pretrain"] = pretrain.stage_info(cfg, dm)
+        module = _build_module(cfg, dm, source, record.get("pretrain"))
         start = start_run(cfg, dm, output_dir, record, is_zero)
         if start.finished is not None:
             if is_zero:
@@ -259,7 +272,9 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         if start.previous is not None:  # retest: nothing trained, so the training numbers stay as recorded
             record["metrics"].update({k: start.previous["metrics"].get(k) for k in EFFICIENCY_KEYS})
             record["run"]["segments"] = start.previous["run"].get("segments") or record["run"]["segments"]
-        if cfg.test:
+        if pretraining_stage:  # no task head and no test: the record holds the pretraining curve
+            pretrain.finish_record(record, module)
+        elif cfg.test:
             test_and_record(trainer, module, dm, best, test_outputs, record, output_dir)
         record["status"] = "completed"
     except BaseException as err:
@@ -286,17 +301,23 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     return record
 
 
-def _build_module(cfg: DictConfig, dm: Any) -> pl.LightningModule:
+def _build_module(cfg: DictConfig, dm: Any, source: Any = None, pretrain_info: Any = None) -> pl.LightningModule:
     from lra_bench.run.module import LRAModule
 
     model = build_model(cfg, dm)
+    if pretrain_info is not None:  # stage=pretrain: the LM objective (lra_bench.run.pretrain)
+        return pretrain.build_pretrain_module(cfg, dm, model, {k: v for k, v in pretrain_info.items() if k != "curve"})
+    if source is not None:  # pretrained=: the pretrained encoder, a fresh head (lra_bench.run.pretrained)
+        from lra_bench.run.pretrained import load_encoder
+
+        load_encoder(model, source)
     return LRAModule(model, dm.num_classes, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps))
 
 
 def _extra_callbacks(cfg: DictConfig, dm: Any, record: dict[str, Any]) -> list[pl.Callback]:
     """Callbacks contributed by other parts of the harness (diagnostics, …), each optional."""
     out: list[pl.Callback] = []
-    if cfg.diagnostics.enabled:
+    if cfg.diagnostics.enabled and cfg.stage != "pretrain":  # diagnostics compare with bidirectional softmax
         try:
             from lra_bench.diagnostics.callback import DiagnosticsCallback
         except ImportError:

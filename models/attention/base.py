@@ -4,6 +4,12 @@
 None = no padding). Variants know nothing of tasks or training. `implied_matrix(q, k, mask)` returns the
 N×N row-operator the method applies to V (exact softmax for `full`); it exists for diagnostics on short
 probe sequences only — no training path may call it.
+
+Causal attention (token i attends to keys j <= i, for next-token self-pretraining) is a property a variant
+declares with `supports_causal`; `set_causal(True)` switches an instance into that mode and refuses on a variant
+that has no causal form (most approximations mix every key into a shared summary, so position i would see the
+future). A mode on the instance, not a `forward` argument: the nine variants and the projection wrapper keep one
+signature, and only the language-model stage ever switches it on.
 """
 
 from __future__ import annotations
@@ -23,12 +29,21 @@ class Attention(nn.Module):
     name: ClassVar[str] = ""
     #: the config dataclass: its fields are the constructor's keyword arguments (plus `name`)
     config: ClassVar[type | None] = None
+    #: whether the variant has an exact causal form (`set_causal(True)`), used by causal self-pretraining
+    supports_causal: ClassVar[bool] = False
 
     def __init__(self, head_dim: int, num_heads: int, seq_len: int) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.num_heads = num_heads
         self.seq_len = seq_len
+        self.causal = False
+
+    def set_causal(self, causal: bool) -> None:
+        """Attend to keys j <= i only (True) or to every key (False); ValueError on a variant without a causal form."""
+        if causal and not self.supports_causal:
+            raise ValueError(f"attn={self.name or type(self).__name__} has no causal form (supports_causal=False)")
+        self.causal = bool(causal)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError

@@ -1,5 +1,6 @@
 """Exact softmax attention through `torch.nn.functional.scaled_dot_product_attention` (flash/efficient
-kernels on GPU when the mask allows)."""
+kernels on GPU when the mask allows). Supports the causal mode (`set_causal(True)`) used by causal
+self-pretraining: the key mask and the lower triangle combined."""
 
 from __future__ import annotations
 
@@ -27,21 +28,34 @@ def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask[:, None, None, :]
 
 
+def causal_key_mask(mask: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
+    """SDPA's boolean mask for causal attention: key j visible to query i iff j <= i and j is a real token
+    (`[B, 1, N, N]`, or `[N, N]` without padding). Position 0 always sees itself, so no row is empty unless the
+    sequence has no real token (then `key_mask` lets it see everything; its outputs are zeroed by the caller)."""
+    lower = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    keys = key_mask(mask)
+    return lower if keys is None else keys & lower
+
+
 class FullAttention(Attention):
     name = "full"
     config = FullConfig
+    supports_causal = True
 
     def __init__(self, head_dim: int, num_heads: int, seq_len: int, dropout: float = 0.0) -> None:
         super().__init__(head_dim, num_heads, seq_len)
         self.dropout = dropout
 
+    def _keys(self, q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        return causal_key_mask(mask, q.shape[-2], q.device) if self.causal else key_mask(mask)
+
     def forward(self, q, k, v, mask):
         p = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask(mask), dropout_p=p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._keys(q, mask), dropout_p=p)
 
     def implied_matrix(self, q, k, mask):
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        keys = key_mask(mask)
+        keys = self._keys(q, mask)
         if keys is not None:
             scores = scores.masked_fill(~keys, float("-inf"))
         weights = torch.softmax(scores, dim=-1)

@@ -1,0 +1,256 @@
+"""The self-pretraining stage (`stage=pretrain`): a language-model objective on the task's training inputs.
+
+Amos, Berant & Gupta, "Never Train from Scratch" (ICLR 2024, arXiv 2310.02980): pretraining on the downstream
+task's own training inputs with a denoising objective, then fine-tuning, closes most of the gap between
+architectures that training from scratch shows on LRA. Here a pretraining run is an ordinary run — its own run dir,
+checkpoints, resume, record — with three differences, all decided in this module:
+
+* data: `tasks.masking.PretrainingData` (train split only, masked or shifted targets, no labels);
+* network: the same encoder (`build_model` builds it with one more embedding row, the mask token, for `mlm`) under
+  `models.heads.LanguageModel`'s per-token head; `causal` switches every attention into its causal mode, and an
+  attention without one is refused before anything is built;
+* module: `PretrainModule` — masked cross-entropy over the vocabulary (`spt.loss=ce`), or L1 on the pixel value
+  scaled to [0, 1] (`spt.loss=l1`, the paper's code for Image); `val/acc` is the accuracy on the targets (for l1,
+  the rounded prediction equals the pixel value) on a held-out slice of the training split. Its curve (training
+  window means and validation values at every validation) is checkpointed, so a resumed run reports it whole.
+
+`resolve_stage` checks the stage keys for every run and derives `pretraining` (none | mlm | causal), the config key
+that keeps self-pretrained rows apart from scratch rows in every comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, open_dict
+from torch import nn
+from torchmetrics import MeanMetric
+
+from lra_bench.config.validate import ConfigError
+from lra_bench.registry import ATTENTIONS
+from lra_bench.run.module import adamw_with_schedule
+from models.attention.base import Attention
+from models.heads import LanguageModel
+from tasks.masking import IGNORE_INDEX, OBJECTIVES, PretrainingData
+
+STAGES = ("supervised", "pretrain", "spt")
+LOSSES = ("ce", "l1")
+CURVE_KEY = "spt_curve"  # where the curve lives in a checkpoint
+STAGE_KEY = "spt_stage"  # what a pretraining checkpoint says about itself
+
+
+# -- the stage keys ---------------------------------------------------------------------------------------------
+def check_pretrain_keys(cfg: DictConfig) -> None:
+    """`objective`, `spt.*` and causal support, for a run that pretrains (one ConfigError line on a mistake)."""
+    objective = str(cfg.objective)
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective={objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    attn = str(cfg.attn.name)
+    if objective == "causal" and not ATTENTIONS.get(attn).supports_causal:
+        causal = [n for n in ATTENTIONS.names() if ATTENTIONS.get(n).supports_causal]
+        raise ConfigError(
+            f"objective=causal: attn={attn} has no causal form (every query would see later keys through its "
+            f"approximation); use objective=mlm, or attn={','.join(causal)}"
+        )
+    ratio = float(cfg.spt.mask_ratio)
+    if objective == "mlm" and not 0.0 < ratio <= 1.0:
+        raise ConfigError(f"spt.mask_ratio={ratio}: must be in (0, 1] (the share of real tokens masked)")
+    if str(cfg.spt.loss) not in LOSSES:
+        raise ConfigError(f"spt.loss={cfg.spt.loss!r}: expected one of {', '.join(LOSSES)}")
+    holdout = float(cfg.spt.holdout_fraction)
+    if not 0.0 < holdout < 1.0:
+        raise ConfigError(f"spt.holdout_fraction={holdout}: must be in (0, 1) (the pretraining curve's share)")
+
+
+def resolve_stage(cfg: DictConfig) -> Any:
+    """Check the stage keys and fill the derived ones (`pretraining`, `pretraining_fingerprint`) in `cfg`.
+
+    Returns the `lra_bench.run.pretrained.PretrainedSource` a fine-tune starts from (None otherwise)."""
+    stage = str(cfg.get("stage", "supervised"))
+    if stage not in STAGES:
+        raise ConfigError(f"stage={stage!r}: expected one of {', '.join(STAGES)}")
+    source, fingerprint = None, None
+    if stage == "pretrain":
+        if cfg.get("pretrained"):
+            raise ConfigError(
+                f"pretrained={cfg.pretrained}: stage=pretrain starts from scratch; drop pretrained= (or use "
+                "stage=supervised to fine-tune from it)"
+            )
+        check_pretrain_keys(cfg)
+        derived = str(cfg.objective)
+    elif stage == "spt":
+        check_pretrain_keys(cfg)
+        derived = str(cfg.objective)
+    elif cfg.get("pretrained"):
+        from lra_bench.run.pretrained import locate
+
+        source = locate(cfg)
+        derived, fingerprint = source.objective, source.family_fingerprint
+    else:
+        derived = "none"
+    given = cfg.get("pretraining")
+    if given not in (None, derived):
+        raise ConfigError(
+            f"pretraining={given}: this key is derived (here: {derived}); drop it — set stage=pretrain "
+            "objective=... to pretrain, or pretrained=<run dir> to fine-tune"
+        )
+    with open_dict(cfg):
+        cfg.pretraining = derived
+        cfg.pretraining_fingerprint = fingerprint
+    return source
+
+
+# -- data and network -------------------------------------------------------------------------------------------
+def pretraining_data(cfg: DictConfig, task: Any) -> PretrainingData:
+    return PretrainingData(
+        task, str(cfg.objective), float(cfg.spt.mask_ratio), float(cfg.spt.holdout_fraction), int(cfg.seed)
+    )
+
+
+def language_model(cfg: DictConfig, network: nn.Module, dm: PretrainingData) -> LanguageModel:
+    """The pretraining network around a classifier's encoder (its head is dropped): per-token logits over the
+    task's vocabulary (the mask id is never a target) or one value per position (`spt.loss=l1`)."""
+    outputs = 1 if str(cfg.spt.loss) == "l1" else dm.task.vocab_size
+    model = LanguageModel(network.encoder, int(cfg.model.dim), outputs)
+    causal = str(cfg.objective) == "causal"
+    for attention in (m for m in model.modules() if isinstance(m, Attention)):
+        attention.set_causal(causal)
+    return model
+
+
+# -- the LightningModule ----------------------------------------------------------------------------------------
+def token_loss(out: torch.Tensor, target: torch.Tensor, loss: str, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, correct) over the positions with a target: mean cross-entropy / L1, and per-target 0/1 correctness.
+
+    With no target in the batch the loss is a zero that keeps the graph (no NaN, no step) and `correct` is empty.
+    """
+    valid = target != IGNORE_INDEX
+    wanted = target[valid]
+    if loss == "l1":
+        pred = out[..., 0][valid].float()
+        value = wanted.float() / scale
+        loss_value = (pred - value).abs().mean() if wanted.numel() else out.sum() * 0.0
+        correct = (pred * scale).round().clamp(0, scale) == wanted.float()
+    else:
+        logits = out[valid].float()
+        loss_value = F.cross_entropy(logits, wanted) if wanted.numel() else out.sum() * 0.0
+        correct = logits.argmax(-1) == wanted
+    return loss_value, correct
+
+
+class PretrainModule(pl.LightningModule):
+    """Denoising / next-token training of a `LanguageModel`; the same optimiser and schedule as the supervised
+    module (`adamw_with_schedule`)."""
+
+    def __init__(
+        self, model: LanguageModel, loss: str, vocab_size: int, optim: dict[str, Any], max_steps: int, info: dict
+    ) -> None:
+        super().__init__()
+        self.model, self.loss_kind = model, loss
+        self.scale = float(vocab_size - 1)  # l1: pixel value v ↦ v / 255
+        self.optim_cfg, self.max_steps = dict(optim), max_steps
+        self.info = dict(info)  # what a checkpoint of this stage says about itself (see STAGE_KEY)
+        self.train_loss, self.train_acc = MeanMetric(), MeanMetric()
+        self.val_loss, self.val_acc = MeanMetric(), MeanMetric()
+        self.curve: list[dict[str, Any]] = []
+        self.register_buffer("window", torch.zeros(3, dtype=torch.float64), persistent=False)  # Σloss·n, Σcorrect, n
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model(batch)
+
+    def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_loss(self(batch), batch["target"], self.loss_kind, self.scale)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, correct = self._step(batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"loss is {loss.item()} at step {self.global_step}; stopping (last good checkpoint kept)"
+            )
+        n = correct.numel()
+        if n:
+            self.train_loss.update(loss.detach(), weight=n)
+            self.train_acc.update(correct.float().mean(), weight=n)
+            self.window += torch.stack(
+                [loss.detach().double() * n, correct.sum().double(), torch.tensor(float(n), device=self.device)]
+            )
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
+        if n:
+            self.log("train/acc", correct.float().mean(), on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        loss, correct = self._step(batch)
+        n = correct.numel()
+        if n:
+            self.val_loss.update(loss, weight=n)
+            self.val_acc.update(correct.float().mean(), weight=n)
+
+    def on_validation_epoch_end(self) -> None:
+        val_loss, val_acc = float(self.val_loss.compute()), float(self.val_acc.compute())
+        self.val_loss.reset()
+        self.val_acc.reset()
+        self.log("val/loss", val_loss, prog_bar=False)
+        self.log("val/acc", val_acc, prog_bar=True)
+        if self.trainer.sanity_checking:
+            return
+        total, correct, n = self.window.tolist()
+        self.curve.append(
+            {
+                "step": int(self.global_step),
+                "train_loss": total / n if n else None,
+                "train_acc": correct / n if n else None,
+                "val_loss": val_loss,
+                "val_acc": val_acc,
+            }
+        )
+        self.window.zero_()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CURVE_KEY] = {"points": list(self.curve), "window": self.window.tolist()}
+        checkpoint[STAGE_KEY] = dict(self.info)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(CURVE_KEY) or {}
+        self.curve = list(saved.get("points", []))
+        if saved.get("window"):
+            self.window.copy_(torch.tensor(saved["window"], dtype=torch.float64))
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        return adamw_with_schedule(self.parameters(), self.optim_cfg, self.max_steps)
+
+
+def stage_info(cfg: DictConfig, dm: PretrainingData) -> dict[str, Any]:
+    """The record's `pretrain` section at start (the curve and final numbers are added when training ends)."""
+    mlm = str(cfg.objective) == "mlm"
+    return {
+        "objective": str(cfg.objective),
+        "mask_ratio": float(cfg.spt.mask_ratio) if mlm else None,
+        "mask_id": dm.mask_id if mlm else None,
+        "loss": str(cfg.spt.loss),
+        "holdout_fraction": float(cfg.spt.holdout_fraction),
+        "curve": [],
+        "best_val_acc": None,
+        "final": None,
+    }
+
+
+def build_pretrain_module(cfg: DictConfig, dm: PretrainingData, model: LanguageModel, info: dict) -> PretrainModule:
+    from omegaconf import OmegaConf
+
+    optim: dict[str, Any] = OmegaConf.to_container(cfg.optim, resolve=True)  # type: ignore[assignment]
+    return PretrainModule(model, str(cfg.spt.loss), dm.task.vocab_size, optim, int(cfg.trainer.max_steps), info)
+
+
+def finish_record(record: dict[str, Any], module: PretrainModule) -> None:
+    """Move the stage's numbers into `record["pretrain"]`: its metrics are not classification accuracies, so
+    `metrics.val_acc`/`test_acc` stay null (no table can mistake a masked-token accuracy for a task score)."""
+    section = record["pretrain"]
+    section["curve"] = list(module.curve)
+    section["best_val_acc"] = record["metrics"].get("val_acc")
+    section["final"] = module.curve[-1] if module.curve else None  # the state `pretrained=<run dir>` loads
+    record["metrics"]["val_acc"] = None
+    record["metrics"]["test_acc"] = None
