@@ -114,7 +114,8 @@ def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) 
     out = ["## Inputs", ""]
     if bench:
         la, lb = bench.get("load_average_start"), bench.get("load_average_end")
-        load = f"; load average (1/5/15 min) {la} at the start, {lb} at the end" if la and lb else ""
+        fmt = lambda xs: "/".join(f"{x:.2f}" for x in xs)  # noqa: E731
+        load = f"; load average (1/5/15 min) {fmt(la)} at the start, {fmt(lb)} at the end" if la and lb else ""
         out.append(
             f"- benchmark: `{bench['output_dir']}` — `{bench['command']}` (git `{bench['env']['git_commit']}`){load}"
         )
@@ -127,13 +128,18 @@ def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) 
         )
         for name in ("trained", "random_model"):
             info = approx["sources"].get(name)
-            if info:
-                out.append(
-                    f"- model source `{name}`: checkpoint `{info.get('ckpt')}` (step {info.get('global_step')}, "
-                    f"val acc {info.get('run_val_acc')}, majority share {info.get('run_majority_share')}), task "
-                    f"{info.get('task')}, attention {info.get('attn')}, {info.get('data')}, {info.get('instances')} "
-                    "instances (sequence × layer × head)"
-                )
+            if not info:
+                continue
+            what = (
+                f"checkpoint `{info.get('ckpt')}` (step {info.get('global_step')}, val acc {info.get('run_val_acc')}, "
+                f"majority share {info.get('run_majority_share')})"
+                if info.get("ckpt")
+                else f"the same architecture freshly initialised (seed {info.get('init_seed')})"
+            )
+            out.append(
+                f"- model source `{name}`: {what}, task {info.get('task')}, attention {info.get('attn')}, "
+                f"{info.get('data')}, {info.get('instances')} instances (sequence × layer × head)"
+            )
     else:
         out.append("- approximation study: none given (no verdicts on the claims below)")
     return [*out, ""]

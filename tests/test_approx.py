@@ -183,6 +183,24 @@ def test_the_oracle_middle_matrix_lower_bounds_every_solve() -> None:
         assert err[(label, m, "oracle")] <= 1.0
 
 
+def test_the_floor_is_taken_at_the_effective_rank_budget() -> None:
+    """Keys with 4 distinct values (plus 1e-3 noise): pivoting stops after 4 pivots at m = 8, so the rank spent is
+    4, not 8 — the floor (and the ratio to it) must be the rank-4 one, checked against numpy's SVD."""
+    from lra_bench.approx.study import build_methods
+    from lra_bench.approx.synthetic import planted_rank_inputs
+
+    q, k, v = planted_rank_inputs(64, 16, 4, 2.0, seed=0)
+    k = k + 1e-3 * torch.randn(k.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    methods = build_methods(settings(["pivoted_qr"], [], solves=["stable"]), {"seed": 0})
+    info, rows = evaluate(q, k, v, methods, [8])
+    (row,) = rows
+    assert row["rank_budget"] == 4 and row["rank_budget_nominal"] == 8
+    a = torch.softmax(q @ k.T / 4.0, -1).numpy()
+    s = np.linalg.svd(a, compute_uv=False)
+    assert row["ey_floor"] == pytest.approx(np.sqrt((s[4:] ** 2).sum()) / np.linalg.norm(a), rel=1e-9)
+    assert row["ey_floor"] > 1.2 * info["per_m"]["8"]["ey_floor"]
+
+
 def _row(inst: str, label: str, err: float, solve: str = "stable", m: int = 8) -> dict[str, Any]:
     return {
         "source": "s", "instance": inst, "seed": 0, "m": m, "label": label, "group": "selector", "solve": solve,
@@ -281,7 +299,9 @@ def test_plots_clip_a_vanishing_floor(tmp_path: Path, monkeypatch: pytest.Monkey
     """A floor of 1e-15 (A of rank ≤ m) must not stretch the log axis over 16 decades: clipped, and said so."""
     import matplotlib.figure
 
-    from lra_bench.approx.report import PLOT_FLOOR, plot
+    from lra_bench.approx import report
+
+    plot, floor = report.plot, getattr(report, "PLOT_FLOOR", 1e-4)
 
     figures = []
     original = matplotlib.figure.Figure.savefig
@@ -299,6 +319,6 @@ def test_plots_clip_a_vanishing_floor(tmp_path: Path, monkeypatch: pytest.Monkey
     plot({"summary": {"aggregate": agg}}, tmp_path)
     (fig,) = figures
     for ax in fig.axes:
-        assert ax.get_ylim()[0] >= PLOT_FLOOR / 2, "the axis is not stretched down to the vanishing floor"
+        assert ax.get_ylim()[0] >= floor / 2, "the axis is not stretched down to the vanishing floor"
     notes = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert any("drawn at" in t for t in notes), notes

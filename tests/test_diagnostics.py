@@ -87,8 +87,8 @@ def test_leverage_is_undefined_when_the_budget_exceeds_rank_a() -> None:
     v = torch.randn(12, 4, generator=g, dtype=torch.float64)
     a = torch.softmax(q @ k.T / 2.0, dim=-1)
     got = head_metrics(q, k, v, a, rank_budget=4, rank_tol=1e-6)
-    assert got["rank_a"] == 2 and got["leverage_defined"] is False
     assert got["coherence"] is None and got["block_coherence"] is None and got["leverage_top_share"] is None
+    assert got["rank_a"] == 2 and got["leverage_defined"] is False
     fine = head_metrics(q, k, v, a, rank_budget=2, rank_tol=1e-6)
     assert fine["leverage_defined"] is True and fine["coherence"] is not None
 

@@ -30,7 +30,7 @@ def _reduction_cell(r: dict[str, Any] | None) -> str:
     excl = f"; {r['excluded']} excl." if r["excluded"] else ""
     if not r["pairs"]:
         return f"not measurable{excl}"
-    return f"{r['reduction']:+.0%} ± {r['reduction_std']:.0%} ({r['wins']}/{r['pairs']}{excl})"
+    return f"{r['reduction_median']:+.0%} ({r['wins']}/{r['pairs']}{excl})"
 
 
 def _error_cell(a: dict[str, Any], metric: str) -> str:
@@ -83,8 +83,9 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     if kv and kv.get("per_solve"):
         out += [
             "",
-            "k-means vs uniform, error reduction 1 − err(k-means)/err(uniform) per m (mean ± std over pairs; "
-            "k-means better in w/p pairs; pairs whose uniform error is ≥ 1 are excluded and counted):",
+            "k-means vs uniform, error reduction 1 − err(k-means)/err(uniform) per m (median over pairs; k-means "
+            "better in w/p pairs; pairs whose uniform error is ≥ 1 are excluded and counted; `oracle` = the best "
+            "middle matrix for each selector's factors, i.e. what the landmarks allow whatever the solve):",
             "",
         ]
         ms = sorted({r["m"] for v in kv["per_solve"].values() for r in v["per_m"]})
@@ -248,7 +249,7 @@ def draw_source(axes: Any, rows: list[dict[str, Any]], source: str) -> None:
         ax.set_xlabel("landmarks m")
         ax.set_title(f"{source}: {what}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper right")
     axes[0].set_ylabel("median ‖A − Â‖_F / ‖A‖_F")
     if any_clipped:
         axes[0].annotate(
