@@ -110,6 +110,42 @@ def _nlogn_slope(lo: int, hi: int) -> float:
     return math.log((hi * math.log(hi)) / (lo * math.log(lo))) / math.log(hi / lo)
 
 
+def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) -> list[str]:
+    """What this document was computed from: the two runs (command, commit, load) and the trained checkpoint."""
+    out = ["## Inputs", ""]
+    if bench:
+        la, lb = bench.get("load_average_start"), bench.get("load_average_end")
+        fmt = lambda xs: "/".join(f"{x:.2f}" for x in xs)  # noqa: E731
+        load = f"; load average (1/5/15 min) {fmt(la)} at the start, {fmt(lb)} at the end" if la and lb else ""
+        out.append(
+            f"- benchmark: `{bench['output_dir']}` — `{bench['command']}` (git `{bench['env']['git_commit']}`){load}"
+        )
+    else:
+        out.append("- benchmark: none given (no speed or memory numbers below)")
+    if approx:
+        out.append(
+            f"- approximation study: `{approx['output_dir']}` — `{approx['command']}` (git "
+            f"`{approx['env']['git_commit']}`, {approx['seconds']:.0f} s)"
+        )
+        for name in ("trained", "random_model"):
+            info = approx["sources"].get(name)
+            if not info:
+                continue
+            what = (
+                f"checkpoint `{info.get('ckpt')}` (step {info.get('global_step')}, val acc {info.get('run_val_acc')}, "
+                f"majority share {info.get('run_majority_share')})"
+                if info.get("ckpt")
+                else f"the same architecture freshly initialised (seed {info.get('init_seed')})"
+            )
+            out.append(
+                f"- model source `{name}`: {what}, task {info.get('task')}, attention {info.get('attn')}, "
+                f"{info.get('data')}, {info.get('instances')} instances (sequence × layer × head)"
+            )
+    else:
+        out.append("- approximation study: none given (no verdicts on the claims below)")
+    return [*out, ""]
+
+
 def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str) -> str:
     out = ["# Results: attention speed, memory and approximation quality", ""]
     out.append(
@@ -117,6 +153,7 @@ def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str
         "`approx.json` of the runs named below. Do not edit by hand: every number and verdict is computed — rerun."
     )
     out.append("")
+    out += inputs_section(bench, approx)
     out.append("## Where we stand")
     out.append("")
     if bench:

@@ -4,7 +4,10 @@ numpy, planted low rank recovered by pivoting, k-means against uniform on plante
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import CONF, TINY_LISTOPS, run_cli
+from tests.conftest import CONF, REPO, TINY_LISTOPS, run_cli
 
 TINY = [
     "n=64",
@@ -45,13 +48,14 @@ def run_approx(tmp_path: Path, overrides: list[str]) -> dict[str, Any]:
         GlobalHydra.instance().clear()
 
 
-def settings(selectors: list[str], attns: list[str], **operator_params: Any) -> dict[str, Any]:
+def settings(selectors: list[str], attns: list[str], solves=("training",), **operator_params: Any) -> dict[str, Any]:
     return {
         "landmark_keys": ["num_landmarks"],
         "operator": "nystrom",
         "operator_params": {"conv_kernel": 0, **operator_params},
         "selectors": selectors,
         "attns": attns,
+        "solves": list(solves),
     }
 
 
@@ -67,7 +71,7 @@ def evaluate(q, k, v, methods, ms, seed=0):
 def test_tiny_study_schema(tmp_path: Path) -> None:
     data = run_approx(tmp_path, [*TINY, "model.enabled=false"])
     check_schema(data, tmp_path)
-    assert set(data["sources"]) == {"geometric", "algebraic", "clusters", "planted_rank"}
+    assert set(data["sources"]) == {"geometric", "algebraic", "clusters", "clusters_noisy", "planted_rank"}
 
 
 @pytest.mark.slow
@@ -96,7 +100,7 @@ def check_schema(data: dict[str, Any], tmp_path: Path) -> None:
         assert isinstance(inp["rank_a"], int) and set(inp["per_m"]) <= {"4", "8"}
         assert set(inp["kernel_ranks"]) == {"exp", "softmax", "poly2", "poly2_inhom"}
     claims = {v["claim"] for v in data["summary"]["verdicts"]}
-    assert claims == {"gpa_kmeans", "floor_ratio", "poly_rank", "pivoted_output", "spectral_s"}
+    assert claims == {"gpa_kmeans", "floor_ratio", "solves", "poly_rank", "pivoted_output", "spectral_s"}
     assert all(isinstance(v["verdict"], str) and v["verdict"] for v in data["summary"]["verdicts"])
     on_disk = json.loads((tmp_path / "approx.json").read_text())
     assert len(on_disk["rows"]) == len(data["rows"])
@@ -127,20 +131,115 @@ def test_svd_floor_matches_numpy() -> None:
 
 
 def test_planted_rank_is_recovered_by_pivoting() -> None:
-    """keys with r distinct values make rank(A) ≤ r; pivoting on A finds that column space at m ≥ r."""
+    """keys with r distinct values make rank(A) ≤ r; pivoting on A finds that column space at m ≥ r, and then the
+    stable solve reproduces A to float precision — while the training solve (6 Newton–Schulz steps) does not."""
     from lra_bench.approx.study import build_methods
     from lra_bench.approx.synthetic import planted_rank_inputs
 
     r = 8
     q, k, v = planted_rank_inputs(128, 16, r, 2.0, seed=0)
     assert int(np.linalg.matrix_rank(torch.softmax(q @ k.T / 4.0, -1).numpy(), tol=1e-8)) <= r
-    methods = build_methods(settings(["pivoted_qr", "uniform"], ["pivoted"], pinv="exact"), {"seed": 0})
+    methods = build_methods(
+        settings(["pivoted_qr", "uniform"], ["pivoted"], solves=["training", "stable"]), {"seed": 0}
+    )
     _, rows = evaluate(q, k, v, methods, [r, 2 * r])
-    err = {(row["label"], row["m"]): row["matrix_residual"] for row in rows}
+    err = {(row["label"], row["solve"], row["m"]): row["matrix_residual"] for row in rows}
     for m in (r, 2 * r):
-        assert err[("pivoted/pivoted_qr", m)] < 1e-2  # the residual-pivoted attention (method c)
-        assert err[("pivoted_qr", m)] < 1e-2  # pivoted_qr landmarks under Nyström with an exact pinv
-    assert err[("uniform", r)] > 10 * err[("pivoted_qr", r)]
+        assert err[("pivoted/pivoted_qr", "training", m)] < 1e-2  # the residual-pivoted attention (method c)
+        assert err[("pivoted_qr", "stable", m)] < 1e-9, "covered exactly: reproduced to float precision"
+        assert err[("pivoted_qr", "training", m)] > 1e-2, "the iterative pinv is not exact even here"
+    assert err[("uniform", "stable", r)] > 10 * err[("pivoted_qr", "stable", r)]
+
+
+def test_every_selector_is_reported_under_both_solves_with_the_same_landmarks() -> None:
+    from lra_bench.approx.study import build_methods
+    from lra_bench.approx.synthetic import cluster_inputs
+
+    q, k, v, _ = cluster_inputs(96, 16, 4, 1.0, 0.2, 2.0, 0)
+    methods = build_methods(settings(["uniform", "kmeans"], [], solves=["training", "stable"]), {"seed": 0})
+    _, rows = evaluate(q, k, v, methods, [4, 8])
+    assert {(r["label"], r["solve"]) for r in rows} == {
+        (s, v) for s in ("uniform", "kmeans") for v in ("training", "stable")
+    }
+    for r in rows:
+        assert r["status"] == "ok" and r["rank_budget"] == r["rank_budget_nominal"] == r["m"]
+        assert r["worse_than_zero"] == (r["matrix_residual"] >= 1.0)
+    with pytest.raises(ValueError, match=r"approx.solves=\['exact'\]"):
+        build_methods(settings(["uniform"], [], solves=["exact"]), {"seed": 0})
+
+
+def test_the_oracle_middle_matrix_lower_bounds_every_solve() -> None:
+    """C⁺AR⁺ minimises ‖A − C U R‖ over U: never above either solve's error, never above ‖A‖ (U = 0)."""
+    from lra_bench.approx.study import build_methods
+    from lra_bench.approx.synthetic import decay_inputs
+
+    q, k, v = decay_inputs(96, 16, "geometric", 0.8, 2.0, seed=1)
+    solves = ["training", "stable", "oracle"]
+    methods = build_methods(settings(["uniform", "kmeans", "segment_means"], [], solves=solves), {"seed": 0})
+    _, rows = evaluate(q, k, v, methods, [4, 8, 16])
+    err = {(r["label"], r["m"], r["solve"]): r["matrix_residual"] for r in rows}
+    for (label, m, solve), e in err.items():
+        assert err[(label, m, "oracle")] <= e + 1e-9, (label, m, solve)
+        assert err[(label, m, "oracle")] <= 1.0
+
+
+def test_the_floor_is_taken_at_the_effective_rank_budget() -> None:
+    """Keys with 4 distinct values (plus 1e-3 noise): pivoting stops after 4 pivots at m = 8, so the rank spent is
+    4, not 8 — the floor (and the ratio to it) must be the rank-4 one, checked against numpy's SVD."""
+    from lra_bench.approx.study import build_methods
+    from lra_bench.approx.synthetic import planted_rank_inputs
+
+    q, k, v = planted_rank_inputs(64, 16, 4, 2.0, seed=0)
+    k = k + 1e-3 * torch.randn(k.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    methods = build_methods(settings(["pivoted_qr"], [], solves=["stable"]), {"seed": 0})
+    info, rows = evaluate(q, k, v, methods, [8])
+    (row,) = rows
+    assert row["rank_budget"] == 4 and row["rank_budget_nominal"] == 8
+    a = torch.softmax(q @ k.T / 4.0, -1).numpy()
+    s = np.linalg.svd(a, compute_uv=False)
+    assert row["ey_floor"] == pytest.approx(np.sqrt((s[4:] ** 2).sum()) / np.linalg.norm(a), rel=1e-9)
+    assert row["ey_floor"] > 1.2 * info["per_m"]["8"]["ey_floor"]
+
+
+def _row(inst: str, label: str, err: float, solve: str = "stable", m: int = 8) -> dict[str, Any]:
+    return {
+        "source": "s", "instance": inst, "seed": 0, "m": m, "label": label, "group": "selector", "solve": solve,
+        "status": "ok", "matrix_residual": err, "target": "softmax", "worse_than_zero": err >= 1,
+        "ey_floor": 0.1, "ey_floor_abs": 0.1, "error_abs": err,
+    }  # fmt: skip
+
+
+def test_a_baseline_worse_than_zero_is_never_used_for_a_reduction() -> None:
+    """uniform at error ≥ 1 is worse than predicting Â = 0: a 'reduction' against it is excluded and counted;
+    the verdict is computed on the stable solve and names the training solve beside it."""
+    from lra_bench.approx.summary import paired_reduction, verdict_kmeans
+
+    rows = [
+        _row("a", "uniform", 2.0), _row("a", "kmeans", 0.5),   # baseline worse than Â = 0: excluded
+        _row("b", "uniform", 0.8), _row("b", "kmeans", 0.4),   # a real 50% reduction
+        _row("a", "uniform", 0.6, "training"), _row("a", "kmeans", 0.3, "training"),
+    ]  # fmt: skip
+    (red,) = paired_reduction(rows, "kmeans", "uniform", "stable")
+    assert red["pairs"] == 1 and red["excluded"] == 1 and red["reduction"] == pytest.approx(0.5)
+    verdict = verdict_kmeans(rows, {"kmeans": "kmeans", "uniform": "uniform", "band": [0.25, 0.35]}, [])
+    assert verdict["solve"] == "stable"
+    assert "1 pairs excluded (uniform worse than Â = 0)" in verdict["verdict"]
+    assert "**stable solve**" in verdict["verdict"] and "**training solve**" in verdict["verdict"]
+    only_bad = [_row("a", "uniform", 3.0), _row("a", "kmeans", 0.2)]
+    text = verdict_kmeans(only_bad, {"kmeans": "kmeans", "uniform": "uniform", "band": [0.25, 0.35]}, [])["verdict"]
+    assert "s not measurable" in text
+
+
+def test_floor_ratio_is_pooled_and_tiny_floors_are_flagged() -> None:
+    """Σerr/Σfloor, not the mean of ratios; a floor below 1% of ‖A‖_F is left out and counted."""
+    from lra_bench.approx.summary import aggregate
+
+    rows = [_row("a", "uniform", 0.3), _row("b", "uniform", 0.6)]
+    rows[1]["ey_floor_abs"], rows[1]["ey_floor"] = 0.2, 0.2
+    tiny = {**_row("c", "uniform", 0.5), "ey_floor": 1e-9, "ey_floor_abs": 1e-9}
+    (agg,) = aggregate([*rows, tiny])
+    assert agg["ey_ratio"] == pytest.approx((0.3 + 0.6) / (0.1 + 0.2))
+    assert agg["floor_flagged"] == 1 and agg["count"] == 3
 
 
 def test_kmeans_beats_uniform_on_planted_clusters() -> None:
@@ -177,8 +276,49 @@ def test_trained_checkpoint_source(tmp_path: Path) -> None:
     ckpt = next((tmp_path / "outputs").rglob("checkpoints/last.ckpt"))
     data = run_approx(
         tmp_path / "study",
-        [*TINY, f"ckpt={ckpt}", "~sources", "attns=[]", "selectors=[uniform,kmeans]", "model.scan=8"],
+        [*TINY, f"ckpt={ckpt}", "~sources", "attns=[]", "selectors=[uniform,kmeans]"],
     )
     assert data["sources"]["trained"]["instances"] > 0
     assert data["sources"]["trained"]["global_step"] > 0
     assert {r["source"] for r in data["rows"]} == {"trained", "random_model"}
+
+
+def test_a_source_that_yields_nothing_is_an_error_naming_the_setting(tmp_path: Path) -> None:
+    """min_len above every sequence: no instance, so no verdict could be measured — exit 2, one line."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "lra_bench.approx", *TINY, "~sources", "model.min_len=100000"]
+    cmd.append(f"hydra.run.dir={tmp_path / 'out'}")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: approx.model.min_len=100000") and "captured no instance" in last
+    assert not (tmp_path / "out" / "approx.json").exists()
+
+
+def test_plots_clip_a_vanishing_floor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A floor of 1e-15 (A of rank ≤ m) must not stretch the log axis over 16 decades: clipped, and said so."""
+    import matplotlib.figure
+
+    from lra_bench.approx import report
+
+    plot, floor = report.plot, getattr(report, "PLOT_FLOOR", 1e-4)
+
+    figures = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    base = {"source": "p", "group": "selector", "label": "uniform", "target": "softmax", "solve": "stable"}
+    agg = [
+        {**base, "m": 8, "matrix_residual": 0.5, "matrix_residual_std": 0.0, "ey_floor": 0.3},
+        {**base, "m": 16, "matrix_residual": 0.2, "matrix_residual_std": 0.0, "ey_floor": 1e-15},
+    ]
+    plot({"summary": {"aggregate": agg}}, tmp_path)
+    (fig,) = figures
+    for ax in fig.axes:
+        assert ax.get_ylim()[0] >= floor / 2, "the axis is not stretched down to the vanishing floor"
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("drawn at" in t for t in notes), notes

@@ -61,6 +61,56 @@ def test_floor_and_ranks_match_numpy_svd() -> None:
     assert eckart_young_floor(torch.from_numpy(s), 8) == 0.0
 
 
+def test_summaries_are_medians_and_pooled_ratios_with_tiny_floors_flagged() -> None:
+    """Three heads with ratios 6, 15 and 2e4 (the last one's rank equals the budget: floor ≈ 0). An arithmetic
+    mean says ~6700; the summary says median 10.5 of the two measurable heads, pooled Σerr/Σfloor, 1 flagged."""
+    from lra_bench.diagnostics.metrics import summary_metrics
+
+    def head(err: float, floor: float) -> dict:
+        return {"error_abs": err, "ey_floor_abs": floor, "ey_floor": floor, "ey_ratio": err / floor,
+                "floor_flagged": floor < 0.01, "matrix_residual": err, "leverage_defined": True}  # fmt: skip
+
+    rows = [head(0.6, 0.1), head(1.5, 0.1), head(0.2, 1e-5)]
+    got = summary_metrics(rows)
+    assert got["ey_ratio"] == pytest.approx(10.5)
+    assert got["ey_ratio_pooled"] == pytest.approx((0.6 + 1.5) / 0.2)
+    assert got["floor_flagged"] == 1 and got["count"] == 3
+    assert got["matrix_residual"] == pytest.approx(0.6), "median, not mean"
+
+
+def test_leverage_is_undefined_when_the_budget_exceeds_rank_a() -> None:
+    """Keys with 2 distinct values: rank A = 2. With a budget of 4 the top-4 singular vectors include rounding
+    noise, so coherence and block-coherence are None, not numbers."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(12, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 4, generator=g, dtype=torch.float64)[torch.arange(12) % 2]
+    v = torch.randn(12, 4, generator=g, dtype=torch.float64)
+    a = torch.softmax(q @ k.T / 2.0, dim=-1)
+    got = head_metrics(q, k, v, a, rank_budget=4, rank_tol=1e-6)
+    assert got["coherence"] is None and got["block_coherence"] is None and got["leverage_top_share"] is None
+    assert got["rank_a"] == 2 and got["leverage_defined"] is False
+    fine = head_metrics(q, k, v, a, rank_budget=2, rank_tol=1e-6)
+    assert fine["leverage_defined"] is True and fine["coherence"] is not None
+
+
+def test_the_effective_rank_budget_is_recorded() -> None:
+    """k-means on 3 distinct tokens with m = 6 leaves 3 landmarks valid: the floor is taken at rank 3, and the
+    nominal 6 is kept beside it."""
+    from lra_bench.diagnostics.callback import effective_rank, rank_budget
+    from lra_bench.registry import build_attention, build_selector
+
+    attn = build_attention(
+        "nystrom", head_dim=4, num_heads=2, seq_len=12, selector=build_selector("kmeans"), num_landmarks=6,
+        conv_kernel=0,
+    ).eval()  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 2, 3, 4, generator=g)
+    q = base[:, :, torch.arange(12) % 3]
+    attn.implied_matrix(q, q, None)
+    assert rank_budget(attn, 12) == 6
+    assert effective_rank(attn, 6, 0, 0) == 3 and effective_rank(attn, 6, 0, 1) == 3
+
+
 def test_block_coherence_definition() -> None:
     lev = torch.tensor([0.5, 0.1, 0.1, 0.3], dtype=torch.float64)
     assert block_coherence(lev, torch.tensor([0, 0, 1, 1])) == pytest.approx(0.8)
@@ -108,10 +158,18 @@ def tiny_model(attn: dict, selector: dict | None) -> torch.nn.Module:
 CFG = {"enabled": True, "every_n_validations": 2, "max_len": 16, "probe_size": 3, "heads": None, "layers": None}
 
 
-def test_probe_is_first_sequences_cut_to_max_len() -> None:
-    probe = build_probe(FakeDataModule(), 3, 16)
+def test_probe_is_the_longest_sequences_cut_to_max_len() -> None:
+    """lengths [20, 12, 7, 20], counted up to max_len 16: the three longest are #0, #3 and #1 (not the first
+    three, which would include the 7-token one), kept in their original order and cut to 16 tokens."""
+    dm = FakeDataModule()
+    probe = build_probe(dm, 3, 16)
     assert probe["input_ids"].shape == (3, 16)
-    assert probe["mask"].sum(-1).tolist() == [16, 12, 7]
+    assert probe["mask"].sum(-1).tolist() == [16, 12, 16]
+    assert torch.equal(probe["input_ids"], dm.splits["val"].ids[[0, 1, 3], :16])
+    cb = DiagnosticsCallback({**CFG, "probe_size": 1}, dm, results.empty_record())
+    first = cb.probe(torch.device("cpu"))
+    dm.splits["val"].lengths = torch.tensor([1, 1, 1, 1])  # the probe is fixed once chosen
+    assert torch.equal(cb.probe(torch.device("cpu"))["input_ids"], first["input_ids"])
 
 
 @pytest.mark.parametrize(
@@ -139,12 +197,14 @@ def test_compute_is_pure(attn: dict, selector: dict | None) -> None:
     assert all(p.grad is None for p in model.parameters())
     assert diag["probe"]["sequences"] == 3 and len(diag["layers"]) == 2
     head = diag["layers"][0]["heads"][0]
-    assert 0 <= head["block_coherence"] <= 1 and head["rank_a"] >= 1
-    assert diag["mean"]["matrix_residual"] is not None
+    assert len(head["sequences"]) == 3, "per-(sequence, head) values are kept"
+    assert head["rank_a"] >= 1
+    assert head["block_coherence"] is None or 0 <= head["block_coherence"] <= 1
+    assert diag["summary"]["matrix_residual"] is not None
     if attn["name"] == "full":
-        assert diag["mean"]["matrix_residual"] < 1e-5 and diag["mean"]["ey_ratio"] is None
+        assert diag["summary"]["matrix_residual"] < 1e-5 and diag["summary"]["ey_ratio"] is None
     if attn["name"] == "spectral":
-        assert "rank_kept" in diag["layers"][0]["extra"] and diag["mean"]["target_residual"] is not None
+        assert "rank_kept" in diag["layers"][0]["extra"] and diag["summary"]["target_residual"] is not None
 
 
 def test_layers_and_heads_selection() -> None:
@@ -208,9 +268,9 @@ def test_gpa_run_records_diagnostics(tmp_path: Path) -> None:
     diag = record["diagnostics"]
     assert diag["latest"] is not None and diag["best"] is not None
     assert diag["best"]["step"] == record["metrics"]["best_step"], "best diagnostics = the best-val checkpoint's"
-    mean = diag["best"]["mean"]
-    for key in ("matrix_residual", "output_residual", "ey_floor", "rank_a", "stable_rank_a", "block_coherence"):
-        assert mean[key] is not None, key
+    summary = diag["best"]["summary"]
+    for key in ("matrix_residual", "output_residual", "ey_floor", "rank_a", "stable_rank_a", "rank_budget"):
+        assert summary[key] is not None, key
     assert diag["best"]["layers"][0]["extra"]["codebook_refreshes"] >= 1
     header = only(list((tmp_path / "outputs").rglob("metrics.csv"))).read_text().splitlines()[0]
     assert "diag/matrix_residual" in header and "diag/L1/H1/block_coherence" in header

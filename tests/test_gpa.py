@@ -12,7 +12,7 @@ B, H, N, D = 2, 2, 32, 8
 
 
 def gpa(refresh_every: int = 3, seq_len: int = N, **kw) -> torch.nn.Module:
-    sel = build_selector("gpa", refresh_every=refresh_every, iterations=5)
+    sel = build_selector("gpa", refresh_every=refresh_every, max_iterations=5)
     return build_attention("gpa", head_dim=D, num_heads=H, seq_len=seq_len, selector=sel, conv_kernel=0, **kw)
 
 
@@ -92,8 +92,8 @@ def test_lazily_sized_codebook_loads_into_a_fresh_selector() -> None:
 
 def test_refresh_every_one_is_plain_per_sequence_kmeans() -> None:
     q, k, _ = batch(3)
-    progressive = build_selector("gpa", refresh_every=1, iterations=7)
-    plain = KMeansSelector(iterations=7)
+    progressive = build_selector("gpa", refresh_every=1, max_iterations=7)
+    plain = KMeansSelector(max_iterations=7)
     a, b = progressive.train()(q, k, None, 5), plain(q, k, None, 5)
     torch.testing.assert_close(a.queries, b.queries)
     torch.testing.assert_close(a.keys, b.keys)
@@ -127,7 +127,7 @@ def test_codebook_checkpoints_with_the_whole_model(tmp_path) -> None:
         dual=False,
         model={"dim": 16, "depth": 2, "num_heads": H, "head_dim": D, "ffn_dim": 32, "dropout": 0.0},
         attn={"name": "gpa", "num_landmarks": "log2", "conv_kernel": 0},
-        selector={"name": "gpa", "refresh_every": 2, "iterations": 3},
+        selector={"name": "gpa", "refresh_every": 2, "max_iterations": 3},
     )
     model = build_classifier(**kwargs).train()
     ids = torch.randint(0, 20, (B, N), generator=torch.Generator().manual_seed(0))

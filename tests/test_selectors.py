@@ -55,7 +55,8 @@ def test_fewer_real_tokens_than_landmarks(name: str) -> None:
     mask = padded_mask(real=3)
     lm = sel(q, k, mask, M)
     assert int(lm.valid[1].sum(-1).max()) <= 3
-    assert lm.valid[0].all()
+    if name != "gpa":  # a codebook pooled over the batch may leave a cluster without tokens of sequence 0
+        assert lm.valid[0].all()
     assert torch.isfinite(lm.queries).all() and torch.isfinite(lm.keys).all()
 
 
@@ -132,7 +133,7 @@ def blobs(n_per: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("empty", ["farthest", "keep"])
 def test_kmeans_recovers_blobs(init: str, empty: str) -> None:
     pts, centres = blobs()
-    sel = build_selector("kmeans", init=init, empty=empty, iterations=10)
+    sel = build_selector("kmeans", init=init, empty=empty)
     lm = sel(pts, 2 * pts, None, 3)
     found = lm.queries[0, 0]
     assert lm.valid.all()

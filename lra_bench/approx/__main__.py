@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("lra_bench.approx")
+
+
+class StudyInputError(ValueError):
+    """Bad input to the study: one line naming the setting, its value and what would be valid (exit 2)."""
 
 
 def compose_main(overrides: list[str]) -> DictConfig:
@@ -31,11 +36,16 @@ def command_line() -> str:
 
 
 def collect_instances(cfg: DictConfig, settings: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Every source's instances. A source that yields nothing is an error naming the setting — a study whose
+    every verdict reads "not measured" must not look like a result."""
     from lra_bench.approx.capture import Instance, model_instances
     from lra_bench.approx.synthetic import generate
+    from tasks.layout import DataSourceError
 
     instances: list[Instance] = []
     sources: dict[str, Any] = {}
+    if settings.get("sources") and not settings["seeds"]:
+        raise StudyInputError(f"approx.seeds={settings['seeds']}: the synthetic sources need at least one seed")
     for name, spec in (settings.get("sources") or {}).items():
         for seed in settings["seeds"]:
             q, k, v = generate(name, spec, int(cfg.n), int(cfg.d), int(seed))
@@ -44,12 +54,22 @@ def collect_instances(cfg: DictConfig, settings: dict[str, Any]) -> tuple[list[A
     if cfg.model.enabled or cfg.ckpt:
         try:
             found, info = model_instances(cfg.ckpt, settings["model"], compose_main, int(settings["seeds"][0]))
-            for name, items in found.items():
-                instances.extend(items)
-                sources[name] = {**info[name], "instances": len(items)}
-        except Exception as err:  # a missing checkpoint or dataset must not sink the synthetic study
-            log.warning("model sources skipped: %s: %s", type(err).__name__, err)
-            sources["model (skipped)"] = {"error": f"{type(err).__name__}: {err}"}
+        except (FileNotFoundError, RuntimeError, KeyError, DataSourceError) as err:
+            raise StudyInputError(f"approx.ckpt={cfg.ckpt}: {type(err).__name__}: {err}") from None
+        m = settings["model"]
+        for name, items in found.items():
+            if not items:
+                longest = info[name].get("longest_real_tokens")
+                raise StudyInputError(
+                    f"approx.model.min_len={m['min_len']}: source `{name}` captured no instance — its longest probe "
+                    f"sequence has {longest} real tokens (model.max_len={m['max_len']}); choose min_len <= {longest}"
+                )
+            instances.extend(items)
+            sources[name] = {**info[name], "instances": len(items)}
+    if not instances:
+        raise StudyInputError(
+            "approx.sources and approx.model: no input at all — give a synthetic source or model.enabled=true / ckpt"
+        )
     return instances, sources
 
 
@@ -66,7 +86,10 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         torch.set_num_threads(int(cfg.threads))
     settings = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     assert isinstance(settings, dict)
-    methods = build_methods(settings, {"seed": int(settings["seeds"][0])})
+    try:
+        methods = build_methods(settings, {"seed": int((settings["seeds"] or [0])[0])})
+    except ValueError as err:  # e.g. an unknown solve: one line naming the setting
+        raise StudyInputError(str(err)) from None
     ms = [int(m) for m in settings["landmarks"]]
     instances, sources = collect_instances(cfg, settings)
     log.info("%d methods × %d landmark counts on %d instances", len(methods), len(ms), len(instances))
@@ -112,7 +135,13 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
 @hydra.main(config_path="../../conf", config_name="approx", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    try:
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except StudyInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        if HydraConfig.get().mode.name == "RUN":
+            sys.exit(2)
+        raise
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 * `trained`: a checkpoint `<run>/checkpoints/*.ckpt` — the model is rebuilt from the run's own
   `<run>/.hydra/config.yaml` (`lra_bench.run.train.build_datamodule` / `build_model`, the same code that trained
-  it), its weights loaded, and run in eval mode on the first validation sequences of its task.
+  it), its weights loaded, and run in eval mode on the longest validation sequences of its task (the probe
+  rule of the training-time diagnostics, `lra_bench.diagnostics.callback.build_probe`).
 * `random_model`: the same architecture freshly initialised (seeded) — from the checkpoint's run config when
   one is given (so trained and random differ only in the weights, on the same sequences), otherwise from
   `conf/config.yaml` composed with `model_overrides`, fed seeded random token ids (no dataset needed).
@@ -117,13 +118,10 @@ def instances_from(source: str, seen: list[list[tuple]], max_len: int, min_len: 
     return out
 
 
-def longest(batch: dict[str, torch.Tensor] | None, count: int) -> dict[str, torch.Tensor] | None:
-    """The `count` sequences of `batch` with the most real tokens (ties: earliest), in their original order."""
-    if batch is None:
-        return None
-    lengths = batch["mask"].sum(-1) if "mask" in batch else torch.full((batch["input_ids"].shape[0],), 0)
-    keep = torch.argsort(-lengths, stable=True)[:count].sort().values
-    return {key: value[keep] for key, value in batch.items()}
+def longest_real(batch: dict[str, torch.Tensor], max_len: int) -> int:
+    """The most real tokens of any sequence of `batch` (up to `max_len`): what `min_len` is compared with."""
+    lengths = batch["mask"].sum(-1) if "mask" in batch else torch.tensor([batch["input_ids"].shape[1]])
+    return int(min(int(lengths.max()), max_len))
 
 
 def model_instances(
@@ -145,7 +143,7 @@ def model_instances(
         dm = build_datamodule(cfg)
         dm.prepare_data()
         dm.setup()
-        batch = longest(build_probe(dm, max(sequences, int(settings.get("scan", sequences))), max_len), sequences)
+        batch = build_probe(dm, sequences, max_len)
         if batch is None:
             raise RuntimeError(f"approx.ckpt={ckpt}: the run's task has no validation sequences")
         model = build_model(cfg, dm)
@@ -158,7 +156,8 @@ def model_instances(
             "task": str(cfg.task.name),
             "attn": str(cfg.attn.name),
             "sequences": int(batch["input_ids"].shape[0]),
-            "data": f"the {sequences} longest of the first {settings.get('scan', sequences)} validation sequences",
+            "data": f"the {sequences} longest validation sequences, cut to {max_len} tokens",
+            "longest_real_tokens": longest_real(batch, max_len),
         }
         torch.manual_seed(seed)
         fresh = build_model(cfg, dm)
@@ -193,6 +192,7 @@ def model_instances(
         "attn": str(cfg.attn.name),
         "sequences": sequences,
         "data": "seeded random token ids (no checkpoint given)",
+        "longest_real_tokens": longest_real(batch, max_len),
         "init_seed": seed,
         "overrides": list(settings.get("model_overrides") or []),
     }

@@ -6,8 +6,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+#: relative errors below this are drawn at it (a floor of 1e-15 would otherwise stretch the axis over 16 decades)
+PLOT_FLOOR = 1e-4
+
 CLAIM_TITLES = {
     "gpa_kmeans": "(a) GPA — does k-means cut Nyström error by 25–35% against uniform landmarks, and where?",
+    "solves": "(instrument) How often is a Nyström evaluation worse than Â = 0, by core solve?",
     "floor_ratio": "(a, c) Pivoted and leverage selection against the optimum (ratio to the Eckart–Young floor)",
     "pivoted_output": "(c) Residual-pivoted attention — lower output error than uniform Nyström at equal rank?",
     "spectral_s": "(b) Outlier-spectral — does a larger s lower the residual?",
@@ -20,10 +24,26 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in body]
 
 
-def _pm(mean: float | None, std: float | None, digits: int = 3) -> str:
-    if mean is None:
+def _reduction_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
         return "—"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if std else f"{mean:.{digits}f}"
+    excl = f"; {r['excluded']} excl." if r["excluded"] else ""
+    if not r["pairs"]:
+        return f"not measurable{excl}"
+    return f"{r['reduction_median']:+.0%} ({r['wins']}/{r['pairs']}{excl})"
+
+
+def _error_cell(a: dict[str, Any], metric: str) -> str:
+    """Median (pooled ratio to the floor) [k/N worse than Â = 0]."""
+    cell = "—" if a[metric] is None else f"{a[metric]:.3f}"
+    if metric == "matrix_residual":
+        if a.get("ey_ratio") is not None:
+            cell += f" ({a['ey_ratio']:.2f}×)"
+        elif a.get("floor_flagged"):
+            cell += " (floor < 1%)"
+        if a.get("worse_than_zero"):
+            cell += f" [{a['worse_than_zero']}/{a['count']} ≥ 1]"
+    return cell
 
 
 def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> str:
@@ -43,7 +63,9 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     op = s["operator"]
     out.append(
         f"- selector group: every selector under `{op}` with {s.get('operator_params') or 'its defaults'} "
-        "(paper defaults otherwise); attention group: every registered attention but `full`, paper defaults "
+        f"(paper defaults otherwise), under the core solves {s.get('solves') or ['training']} — `training` = the "
+        "operator's own pseudo-inverse in fp32, `stable` = `models.attention.numerics.stable_pinv` in fp64 (exact "
+        "where the landmarks determine A); attention group: every registered attention but `full`, paper defaults "
         "and its own selector"
     )
     for source, info in data["sources"].items():
@@ -58,33 +80,31 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     for v in summ["verdicts"]:
         out.append(f"- **{CLAIM_TITLES.get(v['claim'], v['claim'])}** {v['verdict']}")
     kv = next((v for v in summ["verdicts"] if v["claim"] == "gpa_kmeans"), None)
-    if kv and kv.get("per_m"):
+    if kv and kv.get("per_solve"):
         out += [
             "",
-            "k-means vs uniform, error reduction 1 − err(k-means)/err(uniform) per m (mean ± std over pairs):",
+            "k-means vs uniform, error reduction 1 − err(k-means)/err(uniform) per m (median over pairs; k-means "
+            "better in w/p pairs; pairs whose uniform error is ≥ 1 are excluded and counted; `oracle` = the best "
+            "middle matrix for each selector's factors, i.e. what the landmarks allow whatever the solve):",
             "",
         ]
-        ms = sorted({r["m"] for r in kv["per_m"]})
-        by = defaultdict(dict)
-        for r in kv["per_m"]:
-            by[r["source"]][r["m"]] = r
+        ms = sorted({r["m"] for v in kv["per_solve"].values() for r in v["per_m"]})
         beta = summ.get("block_coherence", {})
-        body = [
-            [
-                f"`{src}`",
-                *[
-                    (
-                        f"{v[m]['reduction']:+.0%} ± {v[m]['reduction_std']:.0%} ({v[m]['wins']}/{v[m]['pairs']})"
-                        if m in v
-                        else "—"
-                    )
-                    for m in ms
-                ],
-                "—" if beta.get(src) is None else f"{beta[src]:.2f}",
-            ]
-            for src, v in by.items()
-        ]
-        out += _table(["input", *[f"m={m}" for m in ms], "block-coherence β"], body)
+        body = []
+        for solve, v in kv["per_solve"].items():
+            by = defaultdict(dict)
+            for r in v["per_m"]:
+                by[r["source"]][r["m"]] = r
+            for src, cells in by.items():
+                body.append(
+                    [
+                        f"`{src}`",
+                        solve,
+                        *[_reduction_cell(cells.get(m)) for m in ms],
+                        "—" if beta.get(src) is None else f"{beta[src]:.2f}",
+                    ]
+                )
+        out += _table(["input", "solve", *[f"m={m}" for m in ms], "block-coherence β"], body)
     out += ["", f"{h}# Inputs", ""]
     inputs = data["inputs"]
     ms_all = [str(m) for m in s["landmarks"]]
@@ -102,7 +122,7 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
                 continue
             fl = sum(v["ey_floor"] or 0 for v in vals) / len(vals)
             bc = [v["block_coherence"] for v in vals if v["block_coherence"] is not None]
-            cells.append(f"{fl:.3f} / {sum(bc) / len(bc):.2f}" if bc else f"{fl:.3f} / —")
+            cells.append(f"{fl:.3f} / {sum(bc) / len(bc):.2f}" if bc else f"{fl:.3f} / undefined (m > rank A)")
         body.append([f"`{source}`", str(len(ins)), f"{nmean:.0f}", f"{ra:.0f}", f"{sr:.2f}", *cells])
     out += _table(["input", "instances", "n", "rank A", "stable rank A", *[f"m={m}: floor / β" for m in ms_all]], body)
     rk = next((v for v in summ["verdicts"] if v["claim"] == "poly_rank"), None)
@@ -133,50 +153,43 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
         rows = [a for a in agg if a["source"] == source]
         ms = sorted({a["m"] for a in rows if a["m"] is not None})
         for metric, title in (
-            ("matrix_residual", "relative error ‖A−Â‖_F/‖A‖_F, mean ± std (ratio to the Eckart–Young floor)"),
-            ("output_residual", "output residual ‖(A−Â)V‖_F/‖AV‖_F, mean ± std"),
+            (
+                "matrix_residual",
+                "relative error ‖A−Â‖_F/‖A‖_F, median over instances and seeds (pooled ratio Σerr/Σfloor to the "
+                "Eckart–Young floor at the effective rank; [k/N ≥ 1] = evaluations worse than Â = 0)",
+            ),
+            ("output_residual", "output residual ‖(A−Â)V‖_F/‖AV‖_F, median over instances and seeds"),
         ):
             out += [f"{title}:", ""]
-            labels = list(dict.fromkeys((a["group"], a["label"]) for a in rows))
-            idx = {(a["group"], a["label"], a["m"]): a for a in rows}
+            labels = list(dict.fromkeys((a["group"], a["label"], a["solve"]) for a in rows))
+            idx = {(a["group"], a["label"], a["solve"], a["m"]): a for a in rows}
             body = []
-            floor_cells = []
-            for m in ms:
-                fl = [
-                    a["ey_floor"]
-                    for a in rows
-                    if a["m"] == m and a["group"] == "selector" and a["ey_floor"] is not None
-                ]
-                floor_cells.append(f"{sum(fl) / len(fl):.3f}" if fl else "—")
             if metric == "matrix_residual":
-                body.append(["**SVD floor (rank m)**", "", *floor_cells, ""])
-            for group, label in labels:
+                floor_cells = []
+                for m in ms:
+                    fl = [a["ey_floor"] for a in rows if a["m"] == m and a["group"] == "selector" and a["ey_floor"]]
+                    floor_cells.append(f"{sum(fl) / len(fl):.3f}" if fl else "—")
+                body.append(["**SVD floor (rank m)**", "", "", *floor_cells, ""])
+            for group, label, solve in labels:
                 cells = []
                 for m in ms:
-                    a = idx.get((group, label, m))
-                    if a is None:
-                        cells.append("—")
-                        continue
-                    cell = _pm(a[metric], a[metric + "_std"])
-                    if metric == "matrix_residual" and a["ey_ratio"] is not None:
-                        cell += f" ({a['ey_ratio']:.2f}×)"
-                    cells.append(cell)
-                fixed = idx.get((group, label, None))
-                extra = ""
-                if fixed is not None:
-                    extra = _pm(fixed[metric], fixed[metric + "_std"]) + f" (r={fixed['rank_budget']})"
-                    if metric == "matrix_residual" and fixed["ey_ratio"] is not None:
-                        extra += f" ({fixed['ey_ratio']:.2f}×)"
+                    a = idx.get((group, label, solve, m))
+                    cells.append("—" if a is None else _error_cell(a, metric))
+                fixed = idx.get((group, label, solve, None))
+                extra = "" if fixed is None else _error_cell(fixed, metric) + f" (r={fixed['rank_budget_nominal']})"
                 tgt = " †" if any(a.get("target") == "own" for a in rows if a["label"] == label) else ""
-                body.append([f"`{label}`{tgt}", group, *cells, extra])
-            out += _table(["method", "group", *[f"m={m}" for m in ms], "fixed rank"], body)
+                body.append([f"`{label}`{tgt}", group, solve if group == "selector" else "own", *cells, extra])
+            out += _table(["method", "group", "solve", *[f"m={m}" for m in ms], "fixed rank"], body)
             out.append("")
         if any(a.get("target") == "own" for a in rows):
             out.append("† scored against its own target operator (not softmax), see the verdict on (b).")
             out.append("")
         name = f"approx_{source}.png"
         if name in data.get("plots", []):
-            out.append(f"![{source}]({img_dir}/{name})")
+            out.append(
+                f"![{source}]({img_dir}/{name})\n\n(Plot: errors below {PLOT_FLOOR:g} — including a floor of "
+                "≈ 0 when A has rank ≤ m — are drawn at that value, marked ▼; the dotted line at 1 is Â = 0.)"
+            )
     errs = [r for r in data["rows"] if r.get("status") != "ok"]
     out += ["", f"{h}# Failed evaluations", ""]
     if not errs:
@@ -192,9 +205,62 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     return "\n".join(out) + "\n"
 
 
+def clip_for_plot(values: list[float | None]) -> tuple[list[float | None], list[bool]]:
+    """Values below PLOT_FLOOR drawn at PLOT_FLOOR, and which were clipped (the plot says so)."""
+    clipped = [v is not None and v < PLOT_FLOOR for v in values]
+    return [None if v is None else max(v, PLOT_FLOOR) for v in values], clipped
+
+
+PANELS = (
+    ("selector", "stable", "selectors, stable solve"),
+    ("selector", "training", "selectors, training solve"),
+    ("selector", "oracle", "selectors, best middle matrix (oracle)"),
+    ("attention", "training", "attentions (paper defaults)"),
+)
+
+
+def draw_source(axes: Any, rows: list[dict[str, Any]], source: str) -> None:
+    """The three panels of one source: relative error against m, the SVD floor dashed, Â = 0 dotted."""
+    fl = defaultdict(list)
+    for a in rows:
+        if a["group"] == "selector" and a["ey_floor"] is not None:
+            fl[a["m"]].append(a["ey_floor"])
+    any_clipped = False
+    for ax, (group, solve, what) in zip(axes, PANELS):
+        grp = [a for a in rows if a["group"] == group and a["solve"] == solve and a.get("target") != "own"]
+        for label in dict.fromkeys(a["label"] for a in grp):
+            pts = sorted((a for a in grp if a["label"] == label), key=lambda a: a["m"])
+            ys, clipped = clip_for_plot([a["matrix_residual"] for a in pts])
+            xs = [a["m"] for a in pts]
+            (line,) = ax.plot(xs, ys, marker="o", ms=3, label=label)
+            low = [(x, y) for x, y, c in zip(xs, ys, clipped) if c]
+            if low:
+                any_clipped = True
+                ax.plot(*zip(*low), "v", color=line.get_color(), ms=7)
+        if fl:
+            xs = sorted(fl)
+            ys, clipped = clip_for_plot([sum(fl[x]) / len(fl[x]) for x in xs])
+            any_clipped = any_clipped or any(clipped)
+            ax.plot(xs, ys, "k--", lw=2, label="SVD floor (rank m)")
+        ax.axhline(1.0, color="grey", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=PLOT_FLOOR * 0.7)
+        ax.set_xlabel("landmarks m")
+        ax.set_title(f"{source}: {what}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6, loc="upper right")
+    axes[0].set_ylabel("median ‖A − Â‖_F / ‖A‖_F")
+    if any_clipped:
+        axes[0].annotate(
+            f"▼ below {PLOT_FLOOR:g}, drawn at {PLOT_FLOOR:g}", xy=(0.02, 0.02), xycoords="axes fraction", fontsize=7
+        )
+
+
 def plot(data: dict[str, Any], out_dir: Path) -> list[str]:
-    """approx_<source>.png: relative error against m per selector (left) and per attention (right), with the
-    SVD floor dashed; error bars = std over (instance, seed)."""
+    """approx_<source>.png: median relative error against m — selectors under the stable and the training
+    solve and the oracle middle matrix, attentions at their defaults — with the SVD floor dashed and Â = 0
+    dotted; values below PLOT_FLOOR are clipped to it and marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,38 +270,11 @@ def plot(data: dict[str, Any], out_dir: Path) -> list[str]:
     written = []
     for source in dict.fromkeys(a["source"] for a in agg):
         rows = [a for a in agg if a["source"] == source and a["m"] is not None]
-        fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-        for ax, group in zip(axes, ("selector", "attention")):
-            grp = [a for a in rows if a["group"] == group and a.get("target") != "own"]
-            for label in dict.fromkeys(a["label"] for a in grp):
-                pts = sorted((a for a in grp if a["label"] == label), key=lambda a: a["m"])
-                ax.errorbar(
-                    [a["m"] for a in pts],
-                    [a["matrix_residual"] for a in pts],
-                    yerr=[a["matrix_residual_std"] or 0 for a in pts],
-                    marker="o",
-                    ms=3,
-                    capsize=2,
-                    label=label,
-                )
-            fl = defaultdict(list)
-            for a in rows:
-                if a["group"] == "selector" and a["ey_floor"] is not None:
-                    fl[a["m"]].append(a["ey_floor"])
-            if fl:
-                xs = sorted(fl)
-                ax.plot(xs, [sum(fl[x]) / len(fl[x]) for x in xs], "k--", lw=2, label="SVD floor (rank m)")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("landmarks m")
-            what = "selectors under the Nyström operator" if group == "selector" else "attentions (paper defaults)"
-            ax.set_title(f"{source}: {what}")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        axes[0].set_ylabel("‖A − Â‖_F / ‖A‖_F")
+        fig, axes = plt.subplots(1, len(PANELS), figsize=(22, 5), sharey=True)
+        draw_source(axes, rows, source)
         fig.tight_layout()
         name = f"approx_{source}.png"
-        fig.savefig(out_dir / name, dpi=110)
+        fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
         written.append(name)
     return written

@@ -6,9 +6,13 @@ floor at the method's rank budget r and the ratio of the achieved error to it, n
 block-coherence (its definition is in `lra_bench.diagnostics.metrics`). Â is the method's own `implied_matrix`.
 
 Two groups of methods:
-* `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström as
-  Nyströmformer runs it — 6-step iterative pseudo-inverse — minus the conv skip, which is not part of Â);
-  the landmark count is m;
+* `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström minus
+  the conv skip, which is not part of Â), the landmark count m, under each core solve of `solves`:
+  `training` — the operator's own (Nyströmformer's 6-step iterative pseudo-inverse, run in fp32 as in
+  training) — and `stable` — the reference (`models.attention.numerics.stable_pinv`, run in fp64: exact when
+  the landmarks determine A) — and optionally `oracle`, no solve but the best middle matrix C⁺AR⁺ for the
+  selector's factors (what its landmarks allow at best, whatever the solve). The same seed gives the same
+  landmarks under each, so they are paired;
 * `attention`: every registered attention except `full`, at its paper defaults (conf/attn/<name>.yaml) with
   its own default selector, m swept through its landmark-count field when it has one. An attention that
   approximates another operator than softmax (it defines `target_pair(q, k, mask) → (T, T̂)`, as the
@@ -39,6 +43,19 @@ class Method:
     attn_params: dict[str, Any] = field(default_factory=dict)
     selector_params: dict[str, Any] = field(default_factory=dict)
     m_key: str | None = None
+    solve: str = "training"  # the core solve: "training" (the method's own, fp32) | "stable" (stable_pinv, fp64)
+
+
+#: what each solve name means for the operator's `pinv` field (None = keep the operator's own); `oracle` is no
+#: solve: the best middle matrix for the method's own factors, C⁺AR⁺ (it needs A, see `oracle_matrix`)
+SOLVES = {"training": None, "stable": "stable", "oracle": None}
+
+
+def check_solves(solves: list[str]) -> list[str]:
+    bad = [s for s in solves if s not in SOLVES]
+    if bad or not solves:
+        raise ValueError(f"approx.solves={solves}: expected a non-empty list of {', '.join(SOLVES)}")
+    return list(solves)
 
 
 def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Method]:
@@ -52,8 +69,13 @@ def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Met
     op_params = {**attn_params(op, context), **dict(settings.get("operator_params") or {})}
     op_key = next((k for k in keys if k in op_params), None)
     sels = SELECTORS.names() if settings["selectors"] in ("all", None) else list(settings["selectors"])
-    for sel in sels:
-        out.append(Method(sel, "selector", op, sel, op_params, selector_params(sel, context), op_key))
+    solves = check_solves(list(settings.get("solves") or ["training"]))
+    if any(SOLVES[s] for s in solves) and "pinv" not in op_params:
+        raise ValueError(f"approx.operator={op!r} has no `pinv` field, so approx.solves={solves} cannot apply")
+    for solve in solves:
+        params = op_params if SOLVES[solve] is None else {**op_params, "pinv": SOLVES[solve]}
+        for sel in sels:
+            out.append(Method(sel, "selector", op, sel, params, selector_params(sel, context), op_key, solve))
     names = ATTENTIONS.names() if settings["attns"] in ("all", None) else list(settings["attns"])
     for name in names:
         if name == "full":
@@ -107,23 +129,26 @@ def describe_input(inst: Instance, ms: list[int], tol: float, with_ranks: bool) 
     u, sigma, _ = torch.linalg.svd(a, full_matrices=False)
     n = a.shape[0]
     norm_a = float(sigma.pow(2).sum().sqrt())
+    rank_a = dg.numerical_rank(sigma, tol)
     per_m = {}
     for m in ms:
         if m > n:
             continue
+        defined = m <= rank_a  # beyond rank A, U_m holds directions of rounding noise: leverage is undefined
         lev = dg.leverage_scores(u, m)
         per_m[str(m)] = {
             "ey_floor": dg.ratio(dg.eckart_young_floor(sigma, m), norm_a),
-            "block_coherence": dg.block_coherence(lev, dg.query_clusters(inst.q, m)),
-            "coherence": dg.coherence(lev, m),
-            "leverage_top_share": dg.leverage_top_share(lev, m),
+            "leverage_defined": defined,
+            "block_coherence": dg.block_coherence(lev, dg.query_clusters(inst.q, m)) if defined else None,
+            "coherence": dg.coherence(lev, m) if defined else None,
+            "leverage_top_share": dg.leverage_top_share(lev, m) if defined else None,
         }
     info = {
         "source": inst.source,
         "instance": inst.name,
         "n": n,
         "d": int(inst.q.shape[-1]),
-        "rank_a": dg.numerical_rank(sigma, tol),
+        "rank_a": rank_a,
         "stable_rank_a": dg.stable_rank(sigma),
         "per_m": per_m,
         "kernel_ranks": kernel_ranks(inst.q, inst.k, tol) if with_ranks else None,
@@ -131,18 +156,41 @@ def describe_input(inst: Instance, ms: list[int], tol: float, with_ranks: bool) 
     return info, (a, sigma, norm_a)
 
 
+def precision(method: Method) -> torch.dtype:
+    """fp32 for the training solve (what training runs), fp64 for the stable reference and the oracle."""
+    return torch.float32 if method.solve == "training" else torch.float64
+
+
+def oracle_matrix(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """C (C⁺ A R⁺) R: the smallest ‖A − C U R‖_F over every middle matrix U, for the Nyström factors C (n×m) and
+    R (m×n) the selector's landmarks give (fp64). What the landmarks allow, whatever the core solve; it uses A,
+    so it is an instrument, not an operator."""
+    kernels = getattr(module, "kernels", None)
+    if not callable(kernels):
+        raise ValueError(f"approx.solves=[oracle] needs a Nyström-type operator (with kernels()); got {module.name}")
+    kern = kernels(q, k, None)
+    left, right = kern.left[0, 0].double(), kern.right[0, 0].double()
+    middle = torch.linalg.pinv(left) @ a @ torch.linalg.pinv(right)
+    return left @ middle @ right
+
+
 def evaluate(
     inst: Instance, methods: list[Method], ms: list[int], seeds: list[int], exact: Any
 ) -> list[dict[str, Any]]:
-    """One row per (seed, method, m): residuals against softmax (or the method's own target), floor, ratio."""
-    from lra_bench.diagnostics.callback import rank_budget
+    """One row per (seed, method, m): residuals against softmax (or the method's own target), floor, ratio.
+
+    The floor is taken at the *effective* rank budget — the landmarks the method really used (valid cluster
+    means, pivots before the stopping rule) — with the nominal m beside it. `worse_than_zero` marks an error
+    ≥ 1: predicting Â = 0 would have done as well."""
+    from lra_bench.diagnostics.callback import effective_rank, rank_budget
 
     a, sigma, norm_a = exact
     n, d = inst.q.shape
-    q32, k32 = inst.q.float()[None, None], inst.k.float()[None, None]
     rows = []
     for seed in seeds:
         for method in methods:
+            dtype = precision(method)
+            q_in, k_in = inst.q.to(dtype)[None, None], inst.k.to(dtype)[None, None]
             for m in ms if method.m_key else [None]:
                 if m is not None and m > n:
                     continue
@@ -154,6 +202,7 @@ def evaluate(
                     "label": method.label,
                     "attn": method.attn,
                     "selector": method.selector,
+                    "solve": method.solve,
                     "m": m,
                     "n": n,
                 }
@@ -161,32 +210,42 @@ def evaluate(
                 try:
                     module = build(method, n, d, m, seed)
                     with torch.no_grad():
-                        r = rank_budget(module, n)
+                        nominal = rank_budget(module, n)
                         pair_fn = getattr(module, "target_pair", None)
                         if callable(pair_fn):
-                            target, estimate = (t[0, 0].double() for t in pair_fn(q32, k32, None))
+                            target, estimate = (t[0, 0].double() for t in pair_fn(q_in, k_in, None))
+                            r = effective_rank(module, nominal, 0, 0)
                             row.update(
                                 target="own",
                                 rank_budget=r,
+                                rank_budget_nominal=nominal,
                                 matrix_residual=dg.matrix_residual(target, estimate),
                                 output_residual=dg.output_residual(target, estimate, inst.v),
                                 ey_floor=None,
                                 ey_ratio=None,
                             )
                         else:
-                            a_hat = module.implied_matrix(q32, k32, None)[0, 0].double()
+                            if method.solve == "oracle":
+                                a_hat = oracle_matrix(module, q_in, k_in, a)
+                            else:
+                                a_hat = module.implied_matrix(q_in, k_in, None)[0, 0].double()
+                            r = effective_rank(module, nominal, 0, 0)
                             err = dg.fro(a - a_hat)
                             floor = dg.eckart_young_floor(sigma, r) if r is not None else 0.0
                             row.update(
                                 target="softmax",
                                 rank_budget=r,
+                                rank_budget_nominal=nominal,
                                 matrix_residual=dg.ratio(err, norm_a),
                                 output_residual=dg.output_residual(a, a_hat, inst.v),
                                 ey_floor=dg.ratio(floor, norm_a),
-                                ey_ratio=err / floor if floor > 1e-12 * norm_a else None,
+                                ey_floor_abs=floor,
+                                error_abs=err,
+                                ey_ratio=err / floor if floor > dg.RATIO_UNDEFINED * norm_a else None,
                             )
                     finite = row["matrix_residual"] is not None and math.isfinite(row["matrix_residual"])
                     row["status"] = "ok" if finite else "nonfinite"
+                    row["worse_than_zero"] = bool(finite and row["matrix_residual"] >= 1.0)
                 except Exception as err:
                     tb = traceback.extract_tb(err.__traceback__)
                     where = f" at {tb[-1].filename.split('/')[-1]}:{tb[-1].lineno}" if tb else ""

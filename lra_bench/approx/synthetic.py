@@ -110,3 +110,29 @@ def generate(name: str, spec: dict[str, Any], n: int, d: int, seed: int) -> tupl
     if kind == "planted_rank":
         return planted_rank_inputs(n, d, int(spec["rank"]), std, seed)
     raise ValueError(f"approx source kind={kind!r}: expected geometric, algebraic, clusters or planted_rank")
+
+
+def covered_instances(n: int, d: int, logit_std: float, seed: int) -> list[tuple[str, torch.Tensor, ...]]:
+    """Inputs whose softmax attention A is determined exactly by a few landmark tokens: (name, q, k, indices).
+
+    * `clusters`: 16 planted clusters of *identical* tokens (no noise; Zipf sizes, shuffled) — A has 16
+      distinct rows and columns, and one token per cluster (16 landmarks) covers it; `clusters_twice` names
+      every cluster's token twice (32 landmarks, an exactly singular core);
+    * `planted_rank`: keys with 16 distinct values, each n/16 times — one landmark token per distinct key (16)
+      or two different tokens per distinct key (32).
+
+    Nyström with these landmarks reproduces A exactly in exact arithmetic (the interpolation is exact and the
+    key multiplicities are equal within what the landmarks see), so any error is the solve's."""
+    _, _, _, labels = cluster_inputs(n, d, 16, 1.5, 0.0, logit_std, seed)
+    qc, kc, _, _ = cluster_inputs(n, d, 16, 1.5, 0.0, logit_std, seed)
+    first = torch.stack([torch.nonzero(labels == c)[0, 0] for c in range(16)])
+    qr, kr, _ = planted_rank_inputs(n, d, 16, logit_std, seed)
+    _, value = torch.unique(kr, dim=0, return_inverse=True)
+    one = torch.stack([torch.nonzero(value == c)[0, 0] for c in range(16)])
+    two = torch.stack([torch.nonzero(value == c)[1, 0] for c in range(16)])
+    return [
+        ("clusters", qc, kc, first),
+        ("clusters_twice", qc, kc, torch.cat([first, first])),
+        ("planted_rank", qr, kr, one),
+        ("planted_rank_two", qr, kr, torch.cat([one, two])),
+    ]

@@ -103,7 +103,7 @@ def _pivoted(n: int, m: int | None, d: int, p: Params) -> Flops:
     # solve (Gram, right-hand side, LU) and C (T [V | 1]). `columns: exact` adds the O(n²d) log-sum-exp.
     diff = 2 * ell * n * d + 2 * ell * r * d + 2 * n * r * d + 2 * ell * n * d
     diff += 2 * ell * r * r + 2 * ell * r * (d + 1) + (2 / 3) * r**3 + 2 * r * r * (d + 1) + 2 * n * r * (d + 1)
-    if p.get("columns", "kernel") == "exact":
+    if p.get("columns", "exact") == "exact":
         diff += 4.0 * n * n * d  # blockwise lse (forward) + the exact sketch rows' softmax
     return Flops(diff)
 
@@ -169,17 +169,30 @@ def _lloyd(n: int, m: int, d: int, iterations: int) -> float:
     return iterations * (2.0 * n * m * d + n * d)  # distances (one matmul) + cluster sums (adds)
 
 
+def _seeding(n: int, m: int, d: int, p: Params) -> float:
+    """Greedy k-means++: m steps of 2 + ⌊ln m⌋ candidate distance columns, per restart (segment means: 1 pass)."""
+    if p.get("init", "kmeans++") == "segment_means":
+        return float(n * d)
+    restarts = max(1, int(p.get("restarts", 1)))
+    if p.get("init", "kmeans++") == "random":
+        return 0.0
+    return restarts * m * (2 + int(math.log(max(m, 1)))) * 2.0 * n * d
+
+
 def _kmeans(n: int, m: int, d: int, p: Params) -> Flops:
-    # init (segment means of q), Lloyd iterations, final assignment, then q and k means over the clusters
-    its = int(p.get("iterations", 10))
-    return Flops(0.0, n * d + _lloyd(n, m, d, its) + 2.0 * n * m * d + 2.0 * n * d)
+    # seeding, Lloyd iterations at their cap (an upper bound: Lloyd stops once every sequence/head converged),
+    # per restart, the final assignment, then q and k means over the clusters
+    its = int(p.get("max_iterations", 100))
+    restarts = 1 if p.get("init", "kmeans++") == "segment_means" else max(1, int(p.get("restarts", 1)))
+    return Flops(0.0, _seeding(n, m, d, p) + restarts * _lloyd(n, m, d, its) + 2.0 * n * m * d + 2.0 * n * d)
 
 
 def _gpa_codebook(n: int, m: int, d: int, p: Params) -> Flops:
     # steady state: assign every token to the codebook (one matmul) + q and k means; the refresh (Lloyd on the
-    # pooled batch) runs once every `refresh_every` passes and is counted amortised
+    # pooled batch, warm-started from the codebook, at its iteration cap: an upper bound) runs once every
+    # `refresh_every` passes and is counted amortised (the first refresh's seeding once, not counted)
     every = max(1, int(p.get("refresh_every", 50)))
-    its = int(p.get("iterations", 10))
+    its = int(p.get("max_iterations", 100))
     local = int(p.get("local_iterations", 0))
     return Flops(0.0, 2.0 * n * m * d + 2.0 * n * d + _lloyd(n, m, d, its) / every + _lloyd(n, m, d, local))
 

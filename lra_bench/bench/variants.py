@@ -99,7 +99,9 @@ def build_variants(
         sels: list[str | None] = [None]
         if cls.takes_selector:
             own = default_selector(name)
-            sels = list(dict.fromkeys([s for s in [own, *extra] if s]))
+            tokens_only = getattr(cls, "needs_token_landmarks", False)  # e.g. pivoted: cluster means cannot serve
+            fits = [s for s in extra if not tokens_only or SELECTORS.get(s).token_landmarks]
+            sels = list(dict.fromkeys([s for s in [own, *fits] if s]))
             if not sels:
                 raise ValueError(f"attn={name} takes a selector but conf/attn/{name}.yaml names none; pass selectors=")
         ms: list[Any] = list(landmarks) if key else [None]

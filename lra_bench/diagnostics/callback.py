@@ -1,6 +1,8 @@
 """Approximation diagnostics at validation time, on a fixed probe batch (see `lra_bench.diagnostics.metrics`).
 
-The probe is the first `probe_size` validation sequences, cut to `max_len` tokens, built once. At every
+The probe is the `probe_size` longest validation sequences (by real tokens, counted up to `max_len`; ties:
+the earliest), cut to `max_len` tokens, chosen once at the first validation — the longest, because the
+approximation question is about long sequences and the first few of a split can be a dozen tokens. At every
 `every_n_validations`-th validation (and at any validation that improves val/acc, so that the best-val
 record always has them) the model runs the probe in eval mode under `no_grad`; a forward hook on every
 `MultiHeadAttention` captures its input, q, k, v are recomputed with the block's own `project`, and each
@@ -9,8 +11,11 @@ selected layer/head is compared in fp64 against exact softmax attention.
 It never changes training: no gradients, eval mode (restored afterwards), no draw from the training RNG
 (the global CPU/CUDA RNG states are saved and restored around it; selectors draw from their own
 generators, which in eval mode are freshly seeded per call; GPA's codebook and Performer's features never
-change in eval mode). Results go to every Lightning logger under `diag/...` (per layer/head and means)
+change in eval mode). Results go to every Lightning logger under `diag/...` (per layer/head and the summary)
 and into the result record: `record["diagnostics"]["latest"]` at each run, `["best"]` when val/acc improves.
+Each head keeps its per-sequence values; head and probe summaries are medians plus the pooled ratio
+Σerr/Σfloor, with heads whose Eckart–Young floor is below 1% of ‖A‖_F flagged and listed, not averaged in
+(`lra_bench.diagnostics.metrics.summary_metrics`). The rank budget is the effective one (see `effective_rank`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.diagnostics.metrics import head_metrics, mean_metrics
+from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
 from lra_bench.record import results
 from models.attention.base import Attention
 from models.encoder import MultiHeadAttention
@@ -33,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "every_n_validations": 1,
     "max_len": 1024,
     "probe_size": 2,
+    "probe_scan": 512,
     "heads": None,
     "layers": None,
     "rank_tol": 1.0e-3,
@@ -43,6 +50,8 @@ LOGGED = (
     "output_residual",
     "ey_floor",
     "ey_ratio",
+    "ey_ratio_pooled",
+    "rank_budget",
     "rank_a",
     "rank_a_hat",
     "stable_rank_a",
@@ -67,12 +76,23 @@ def preserved_rng() -> Iterator[None]:
 
 
 def rank_budget(attention: Any, n: int) -> int | None:
-    """The rank the method spends at length n: landmarks, features or projection rows (None = full)."""
+    """The nominal rank the method spends at length n: landmarks, features or projection rows (None = full)."""
     for name in ("landmark_count", "rank_budget"):
         fn = getattr(attention, name, None)
         if callable(fn):
             return int(fn(n))
     return None
+
+
+def effective_rank(attention: Any, nominal: int | None, b: int, h: int) -> int | None:
+    """The rank the last call really used for sequence `b`, head `h`: landmark attentions record it as
+    `last_rank [B, H]` (valid landmarks — GPA's codebook clusters that got tokens, pivots before the stopping
+    rule; the spectral core's kept eigenvalues), capped by the nominal budget; else the nominal budget."""
+    used = getattr(attention, "last_rank", None)
+    if used is None:
+        return nominal
+    value = int(used[min(b, used.shape[0] - 1), min(h, used.shape[1] - 1)])
+    return value if nominal is None else min(value, nominal)
 
 
 def attention_modules(model: torch.nn.Module) -> list[MultiHeadAttention]:
@@ -85,31 +105,58 @@ def exposes_implied_matrix(attention: Attention) -> bool:
     return type(attention).implied_matrix is not Attention.implied_matrix
 
 
-def build_probe(datamodule: Any, size: int, max_len: int) -> dict[str, torch.Tensor] | None:
-    """The first `size` validation sequences, cut to `max_len` tokens (None when there is no val split)."""
+def split_lengths(split: Any) -> np.ndarray:
+    """Real tokens of every sequence of a split (both towers added for two-tower tasks): read from the Arrow
+    columns when the split has them (no token ids loaded), else from the rows."""
+    table = getattr(split, "table", None)
+    names = set(getattr(table, "column_names", None) or ())
+    if "length" in names:
+        cols = [np.asarray(table["length"], dtype=np.int64)]
+        if "length_2" in names:
+            cols.append(np.asarray(table["length_2"], dtype=np.int64))
+        return np.sum(cols, axis=0)
+    rows = split.__getitems__(list(range(len(split))))
+    total = np.asarray(rows["length"], dtype=np.int64)
+    return total + np.asarray(rows["length_2"], dtype=np.int64) if "length_2" in rows else total
+
+
+def longest_indices(lengths: np.ndarray, size: int, max_len: int) -> list[int]:
+    """The `size` longest (lengths counted up to `max_len`; ties: the earliest), in their original order."""
+    capped = np.minimum(lengths, max_len)
+    order = np.argsort(-capped, kind="stable")[:size]
+    return sorted(int(i) for i in order)
+
+
+def cut(batch: dict[str, torch.Tensor], max_len: int) -> dict[str, torch.Tensor]:
+    return {
+        key: value[:, :max_len] if key.startswith(("input_ids", "mask")) and value.dim() == 2 else value
+        for key, value in batch.items()
+    }
+
+
+def build_probe(datamodule: Any, size: int, max_len: int, scan: int = 512) -> dict[str, torch.Tensor] | None:
+    """The `size` longest validation sequences (see the module docstring), cut to `max_len` tokens (None when
+    there is no val split). A data module without cached splits is read through its val loader: the longest of
+    its first `scan` sequences."""
     splits = getattr(datamodule, "splits", None) or {}
     val = splits.get("val")
     if val is not None and hasattr(datamodule, "collate"):
-        count = min(size, len(val))
-        if count == 0:
+        if len(val) == 0:
             return None
-        batch = datamodule.collate(val.__getitems__(list(range(count))))
-    else:
-        with preserved_rng():  # iterating a DataLoader draws a base seed from the global RNG
-            rows: list[dict[str, torch.Tensor]] = []
-            for batch in datamodule.val_dataloader():
-                rows.append(batch)
-                if sum(b["input_ids"].shape[0] for b in rows) >= size:
-                    break
-        if not rows:
-            return None
-        batch = {key: torch.cat([b[key] for b in rows])[:size] for key in rows[0] if torch.is_tensor(rows[0][key])}
-    out = {}
-    for key, value in batch.items():
-        if key.startswith(("input_ids", "mask")) and value.dim() == 2:
-            value = value[:, :max_len]
-        out[key] = value
-    return out
+        chosen = longest_indices(split_lengths(val), size, max_len)
+        return cut(datamodule.collate(val.__getitems__(chosen)), max_len)
+    with preserved_rng():  # iterating a DataLoader draws a base seed from the global RNG
+        rows: list[dict[str, torch.Tensor]] = []
+        for batch in datamodule.val_dataloader():
+            rows.append(batch)
+            if sum(b["input_ids"].shape[0] for b in rows) >= scan:
+                break
+    if not rows:
+        return None
+    batch = {key: torch.cat([b[key] for b in rows])[:scan] for key in rows[0] if torch.is_tensor(rows[0][key])}
+    lengths = sum(batch[key].sum(-1) for key in ("mask", "mask_2") if key in batch)
+    chosen = longest_indices(np.asarray(lengths), size, max_len)
+    return cut({key: value[chosen] for key, value in batch.items()}, max_len)
 
 
 class DiagnosticsCallback(pl.Callback):
@@ -160,7 +207,9 @@ class DiagnosticsCallback(pl.Callback):
     # -- the measurement --------------------------------------------------------------------------------
     def probe(self, device: torch.device) -> dict[str, torch.Tensor] | None:
         if self._probe is None:
-            self._probe = build_probe(self.datamodule, int(self.cfg["probe_size"]), int(self.cfg["max_len"]))
+            self._probe = build_probe(
+                self.datamodule, int(self.cfg["probe_size"]), int(self.cfg["max_len"]), int(self.cfg["probe_scan"])
+            )
         if self._probe is None:
             return None
         return {key: value.to(device) for key, value in self._probe.items()}
@@ -200,10 +249,24 @@ class DiagnosticsCallback(pl.Callback):
             for handle in handles:
                 handle.remove()
             model.train(was_training)
-        heads = [h for layer in layers_out for h in layer["heads"]]
+        rows = [s for layer in layers_out for h in layer["heads"] for s in h["sequences"]]
+        flagged = [
+            {"layer": layer["layer"], "head": h["head"], "sequence": i, "ey_floor": s["ey_floor"]}
+            for layer in layers_out
+            for h in layer["heads"]
+            for i, s in enumerate(h["sequences"])
+            if s.get("floor_flagged")
+        ]
+        lengths = batch["mask"].sum(-1).tolist() if "mask" in batch else [int(batch["input_ids"].shape[1])]
         return {
-            "probe": {"sequences": int(batch["input_ids"].shape[0]), "max_len": int(self.cfg["max_len"])},
-            "mean": mean_metrics([{k: v for k, v in h.items() if k != "head"} for h in heads]),
+            "probe": {
+                "sequences": int(batch["input_ids"].shape[0]),
+                "max_len": int(self.cfg["max_len"]),
+                "lengths": [int(x) for x in lengths],
+                "rule": "the longest validation sequences, cut to max_len, fixed at the first validation",
+            },
+            "summary": summary_metrics(rows),
+            "floor_flagged": flagged,
             "layers": layers_out,
         }
 
@@ -228,31 +291,30 @@ class DiagnosticsCallback(pl.Callback):
                 n = int(real.sum())
                 if n == 0:
                     continue
-                budget = rank_budget(attention, n)
+                nominal = rank_budget(attention, n)
                 for h in head_ids:
                     sub = (slice(None), real)
-                    per_head[h].append(
-                        head_metrics(
-                            q[b, h][real],
-                            k[b, h][real],
-                            v[b, h][real],
-                            a_hat[b, h][real][sub],
-                            budget,
-                            float(self.cfg["rank_tol"]),
-                            None if target is None else tuple(t[b, h][real][sub] for t in target),
-                        )
+                    values = head_metrics(
+                        q[b, h][real],
+                        k[b, h][real],
+                        v[b, h][real],
+                        a_hat[b, h][real][sub],
+                        effective_rank(attention, nominal, b, h),
+                        float(self.cfg["rank_tol"]),
+                        None if target is None else tuple(t[b, h][real][sub] for t in target),
                     )
+                    per_head[h].append({**values, "rank_budget_nominal": nominal})
         return {
             "layer": index,
             "extra": extra,
-            "heads": [{"head": h, **mean_metrics(per_head[h])} for h in head_ids],
+            "heads": [{"head": h, **summary_metrics(per_head[h]), "sequences": per_head[h]} for h in head_ids],
         }
 
     def log_to(self, trainer: pl.Trainer, diag: dict[str, Any]) -> None:
         metrics: dict[str, float] = {}
         for key in LOGGED:
-            if diag["mean"].get(key) is not None:
-                metrics[f"diag/{key}"] = float(diag["mean"][key])
+            if diag["summary"].get(key) is not None:
+                metrics[f"diag/{key}"] = float(diag["summary"][key])
         for layer in diag["layers"]:
             prefix = f"diag/L{layer['layer']}"
             for key, value in layer["extra"].items():

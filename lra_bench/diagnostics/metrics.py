@@ -3,20 +3,28 @@
 Per sequence (real tokens only: an n×n problem) and head:
 
 * matrix residual   ‖A − Â‖_F / ‖A‖_F;    output residual   ‖(A − Â)V‖_F / ‖AV‖_F;
-* Eckart–Young floor  sqrt(Σ_{i>r} σ_i²(A))  (the best any rank-r operator can do; r = the method's rank
-  budget: landmarks, features, projection rows), reported relative to ‖A‖_F, and the ratio of the achieved
-  ‖A − Â‖_F to it (1.0 = optimal; undefined when the floor is 0, i.e. r ≥ rank A);
+* Eckart–Young floor  sqrt(Σ_{i>r} σ_i²(A))  (the best any rank-r operator can do; r = the method's
+  *effective* rank budget: the landmarks, features or projection rows it really used — a GPA codebook's
+  valid clusters, the pivots before the stopping rule — not the nominal m), reported relative to ‖A‖_F, and
+  the ratio of the achieved ‖A − Â‖_F to it (1.0 = optimal; undefined when the floor is 0, i.e. r ≥ rank A);
+  a floor below `FLOOR_FLAG`·‖A‖_F makes that ratio meaningless (a tiny denominator turns ordinary errors
+  into ratios of thousands): such heads are flagged and left out of the summaries' ratio;
 * numerical rank of A and of Â (#σ_i > tol·σ_1); stable rank of A, ‖A‖_F² / ‖A‖_2²;
 * coherence μ = (n/r)·max_i ℓ_i and block-coherence β (below), from the leverage scores ℓ_i = ‖U_r[i]‖² of
-  the top-r left singular vectors U_r of A.
+  the top-r left singular vectors U_r of A — undefined (None) when r exceeds the numerical rank of A, where
+  U_r would include directions of pure rounding noise.
+
+Summaries over heads and sequences (`summary_metrics`) are medians, plus the pooled ratio Σ‖A − Â‖_F /
+Σ floor over the heads whose floor is not flagged: an arithmetic mean of ratios is dominated by the head
+with the smallest floor.
 
 Singular values come from fp64 SVDs (not eigendecompositions of AAᵀ: those lose every σ below ~1e-8·σ_1,
 which would turn an exact zero floor into noise). Cost at n = 1024: about 2–3 s per sequence and head on
 one CPU core — keep `probe_size`, `max_len`, `layers`, `heads` small on CPU.
 
-Block-coherence — **our operational definition** (GPA's paper gives none; reference/algorithms.md §1):
-cluster the n queries into r groups C_1..C_r by k-means (segment-means init, 10 Lloyd iterations: the
-`kmeans` selector's own routine, deterministic) and let
+Block-coherence — **our operational definition** (GPA's paper gives none): cluster the n queries into r
+groups C_1..C_r by k-means (the `kmeans` selector's own core: k-means++ seeding from a fixed seed, Lloyd to
+convergence — deterministic) and let
 
     β = Σ_c max_{i∈C_c} ℓ_i  /  Σ_i ℓ_i          (Σ_i ℓ_i = r when rank A ≥ r),
 
@@ -33,7 +41,17 @@ import math
 
 import torch
 
-from models.landmarks.kmeans import assign, initial_centroids, lloyd
+from models.landmarks.kmeans import KMeansSettings, kmeans_fit
+
+#: the clustering behind block-coherence: the `kmeans` selector's defaults, seeded from `CLUSTER_SEED`
+CLUSTER_SETTINGS = KMeansSettings()
+CLUSTER_SEED = 0
+
+
+#: a floor below this share of ‖A‖_F flags the ratio to it (left out of summaries, reported as flagged)
+FLOOR_FLAG = 0.01
+#: below this share of ‖A‖_F the floor counts as 0 and the ratio is undefined
+RATIO_UNDEFINED = 1e-12
 
 
 def exact_softmax(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -95,13 +113,16 @@ def coherence(lev: torch.Tensor, rank: int) -> float | None:
     return float(lev.numel() / rank * lev.max()) if rank > 0 and lev.numel() else None
 
 
-def query_clusters(q: torch.Tensor, m: int, iterations: int = 10) -> torch.Tensor:
-    """Deterministic k-means cluster ids `[n]` of the queries `q [n, d]` (segment-means init, Lloyd)."""
+def query_clusters(q: torch.Tensor, m: int) -> torch.Tensor:
+    """Deterministic k-means cluster ids `[n]` of the queries `q [n, d]` (fp64; k-means++ from a fixed seed)."""
     x = q.detach().double()[None, None]
     mask = torch.ones(1, 1, q.shape[0], dtype=torch.bool, device=q.device)
-    c, c_valid = initial_centroids(x, mask, m, "segment_means", None)
-    c, c_valid = lloyd(x, mask, c, c_valid, iterations, "farthest")
-    return assign(x, c, c_valid, distances=False)[0][0, 0]
+
+    def draw(shape: tuple[int, int, int], stream: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(CLUSTER_SEED + 7919 * stream)
+        return torch.rand(shape, generator=gen, dtype=torch.float64).to(q.device)
+
+    return kmeans_fit(x, mask, m, CLUSTER_SETTINGS, draw).assignment[0, 0]
 
 
 def block_coherence(lev: torch.Tensor, clusters: torch.Tensor) -> float | None:
@@ -128,12 +149,13 @@ def head_metrics(
     rank_budget: int | None,
     rank_tol: float,
     target: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> dict[str, float | int | None]:
+) -> dict[str, float | int | bool | None]:
     """Every quantity for one sequence and head: `q, k, v [n, d]` and `a_hat [n, n]` on the real tokens.
 
-    `rank_budget` is r (None = no budget: full rank, so no floor). `target` = (T, T̂) when the method
-    approximates an operator other than softmax (the spectral mixer's affinity and its Nyström estimate):
-    ‖T − T̂‖_F/‖T‖_F and ‖(T − T̂)V‖_F/‖TV‖_F are reported as `target_residual`, `target_output_residual`."""
+    `rank_budget` is the effective r (None = no budget: full rank, so no floor). `target` = (T, T̂) when the
+    method approximates an operator other than softmax (the spectral mixer's affinity and its Nyström
+    estimate): ‖T − T̂‖_F/‖T‖_F and ‖(T − T̂)V‖_F/‖TV‖_F are reported as `target_residual`,
+    `target_output_residual`."""
     n = q.shape[0]
     a = exact_softmax(q, k)
     a_hat = a_hat.double()
@@ -142,22 +164,27 @@ def head_metrics(
     err = fro(a - a_hat)
     floor = eckart_young_floor(sigma, r)
     norm_a = float(sigma.pow(2).sum().sqrt())
+    rank_a = numerical_rank(sigma, rank_tol)
     k_lev = r if r < n else max(1, min(n, math.ceil(math.log2(max(n, 2)))))
+    leverage_defined = k_lev <= rank_a
     lev = leverage_scores(u, k_lev)
-    out: dict[str, float | int | None] = {
+    out: dict[str, float | int | bool | None] = {
         "n": n,
         "rank_budget": r,
         "matrix_residual": ratio(err, norm_a),
         "output_residual": output_residual(a, a_hat, v),
+        "error_abs": err,
         "ey_floor": ratio(floor, norm_a),
         "ey_floor_abs": floor,
-        "ey_ratio": err / floor if floor > 1e-12 * max(norm_a, 1e-300) else None,
-        "rank_a": numerical_rank(sigma, rank_tol),
+        "ey_ratio": err / floor if floor > RATIO_UNDEFINED * max(norm_a, 1e-300) else None,
+        "floor_flagged": floor < FLOOR_FLAG * norm_a,
+        "rank_a": rank_a,
         "rank_a_hat": numerical_rank(singular_values(a_hat), rank_tol),
         "stable_rank_a": stable_rank(sigma),
-        "coherence": coherence(lev, k_lev),
-        "block_coherence": block_coherence(lev, query_clusters(q, k_lev)),
-        "leverage_top_share": leverage_top_share(lev, k_lev),
+        "leverage_defined": leverage_defined,
+        "coherence": coherence(lev, k_lev) if leverage_defined else None,
+        "block_coherence": block_coherence(lev, query_clusters(q, k_lev)) if leverage_defined else None,
+        "leverage_top_share": leverage_top_share(lev, k_lev) if leverage_defined else None,
     }
     if target is not None:
         out["target_residual"] = matrix_residual(*target)
@@ -165,11 +192,37 @@ def head_metrics(
     return out
 
 
-def mean_metrics(rows: list[dict[str, float | int | None]]) -> dict[str, float | None]:
-    """Mean of every key over `rows`, ignoring None (None when no row has a value)."""
-    keys = {key for row in rows for key in row}
-    out: dict[str, float | None] = {}
+def median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+#: per-head values that are bookkeeping, not quantities to summarise by a median
+NOT_SUMMARISED = ("error_abs", "ey_floor_abs", "floor_flagged", "leverage_defined")
+
+
+def pooled_ratio(rows: list[dict[str, float | int | bool | None]]) -> float | None:
+    """Σ‖A − Â‖_F / Σ floor over the rows whose floor is not flagged (None when none is left)."""
+    kept = [r for r in rows if not r.get("floor_flagged") and r.get("ey_floor_abs")]
+    den = sum(float(r["ey_floor_abs"]) for r in kept)
+    return sum(float(r["error_abs"]) for r in kept) / den if kept and den > 0 else None
+
+
+def summary_metrics(rows: list[dict[str, float | int | bool | None]]) -> dict[str, float | int | None]:
+    """Median of every numeric quantity over `rows` (None values ignored); the ratio to the floor as the
+    median over unflagged rows and the pooled Σerr/Σfloor; how many rows were flagged."""
+    keys = {key for row in rows for key in row if key not in NOT_SUMMARISED}
+    out: dict[str, float | int | None] = {}
     for key in sorted(keys):
-        values = [float(row[key]) for row in rows if row.get(key) is not None]
-        out[key] = sum(values) / len(values) if values else None
+        values = [float(row[key]) for row in rows if isinstance(row.get(key), int | float)]
+        out[key] = median(values)
+    unflagged = [r for r in rows if not r.get("floor_flagged")]
+    out["ey_ratio"] = median([float(r["ey_ratio"]) for r in unflagged if r.get("ey_ratio") is not None])
+    out["ey_ratio_pooled"] = pooled_ratio(rows)
+    out["floor_flagged"] = sum(bool(r.get("floor_flagged")) for r in rows)
+    out["leverage_undefined"] = sum(r.get("leverage_defined") is False for r in rows)
+    out["count"] = len(rows)
     return out

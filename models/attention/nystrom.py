@@ -6,7 +6,10 @@ plus an optional depthwise convolution of V along the sequence (kernel 35 in the
 reference code, Q and K are each scaled by d^(-1/4) before landmarks are taken, so landmarks are means of
 the scaled vectors. Every kernel masks padding: padded keys in softmax(Q̃Kᵀ), invalid landmarks in the other
 two (their core rows/columns become the identity so they drop out of the product exactly). The m×m core
-and its pseudo-inverse are always fp32, even under autocast. Subclasses (GPA, …) reuse `kernels()`.
+and its pseudo-inverse are always fp32, even under autocast (fp64 when the inputs are fp64, as in the
+approximation study). The core solve (`pinv`): `iterative` (Nyströmformer's, the default), `stable` (the
+reference: `numerics.stable_pinv`, exact when the landmarks determine A) or `exact` (fp32 pinv with a 1e-4
+cut-off, kept as before). Subclasses (GPA, …) reuse `kernels()`.
 """
 
 from __future__ import annotations
@@ -18,15 +21,25 @@ import torch
 from torch import nn
 
 from models.attention.base import Attention
-from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv, masked_softmax
+from models.attention.numerics import (
+    core_precision,
+    exact_pinv,
+    fp32_core,
+    iterative_pinv,
+    masked_softmax,
+    stable_pinv,
+)
 from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
+
+PINVS = ("iterative", "stable", "exact")
 
 
 @dataclass
 class NystromConfig:
     name: str = "nystrom"
     num_landmarks: Any = 64  # int, or "log2" for ⌈log₂ n⌉
-    pinv: str = "iterative"  # "iterative" (Nyströmformer) or "exact" (fp32 torch.linalg.pinv)
+    pinv: str = "iterative"  # iterative (Nyströmformer's 6 Newton–Schulz steps) | stable (numerics.stable_pinv)
+    #                          | exact (fp32 SVD pinv with cut-off 1e-4·σ₁: neither exact nor stable, kept as before)
     pinv_iterations: int = 6
     pinv_init: str = "per_matrix"  # or "original" (batch-wide norms, as the reference code)
     conv_kernel: int = 35  # depthwise conv skip on V; 0 disables it
@@ -61,13 +74,14 @@ class NystromAttention(Attention):
         conv_kernel: int = 35,
     ) -> None:
         super().__init__(head_dim, num_heads, seq_len)
-        if pinv not in ("iterative", "exact"):
-            raise ValueError(f"attn.pinv={pinv!r}: expected 'iterative' or 'exact'")
+        if pinv not in PINVS:
+            raise ValueError(f"attn.pinv={pinv!r}: expected one of {', '.join(PINVS)}")
         self.selector = selector
         self.num_landmarks = num_landmarks
         self.pinv = pinv
         self.pinv_iterations = pinv_iterations
         self.pinv_init = pinv_init
+        self.last_rank: torch.Tensor | None = None
         self.conv = None
         if conv_kernel:
             self.conv = nn.Conv2d(
@@ -81,6 +95,8 @@ class NystromAttention(Attention):
         return self.selector(q, k, mask, self.landmark_count(q.shape[-2]))
 
     def invert_core(self, core: torch.Tensor) -> torch.Tensor:
+        if self.pinv == "stable":
+            return stable_pinv(core)
         if self.pinv == "exact":
             return exact_pinv(core)
         return iterative_pinv(core, self.pinv_iterations, self.pinv_init)
@@ -89,16 +105,17 @@ class NystromAttention(Attention):
         scale = q.shape[-1] ** -0.25
         q, k = q * scale, k * scale
         lm = self.select_landmarks(q, k, mask)
+        self.last_rank = lm.valid.sum(-1).detach()  # [B, H]: the rank budget really spent (diagnostics)
         valid = lm.valid[..., None, :]  # [B, H, 1, m]
         left = masked_softmax(q @ lm.keys.transpose(-1, -2), valid)
         key_valid = None if mask is None else mask[:, None, None, :]
         right = masked_softmax(lm.queries @ k.transpose(-1, -2), key_valid)
         with fp32_core(q.device):
             pair = lm.valid[..., :, None] & lm.valid[..., None, :]
-            core = masked_softmax(lm.queries.float() @ lm.keys.float().transpose(-1, -2), valid)
+            core = masked_softmax(core_precision(lm.queries) @ core_precision(lm.keys).transpose(-1, -2), valid)
             eye = torch.eye(core.shape[-1], device=core.device, dtype=core.dtype)
             core = torch.where(pair, core, eye)
-            core_inv = self.invert_core(core)
+            core_inv = self.invert_core(core).to(core.dtype)
         return NystromKernels(left=left, core_inv=core_inv, right=right, landmarks=lm)
 
     def skip(self, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -114,14 +131,15 @@ class NystromAttention(Attention):
         kern = self.kernels(q, k, mask)
         context = kern.right @ v  # [B, H, m, D]
         with fp32_core(q.device):
-            context = (kern.core_inv @ context.float()).to(v.dtype)
+            context = (kern.core_inv @ context.to(kern.core_inv.dtype)).to(v.dtype)
         out = kern.left @ context
         skip = self.skip(v, mask)
         return out if skip is None else out + skip
 
     def implied_matrix(self, q, k, mask):
         kern = self.kernels(q, k, mask)
-        mat = kern.left.float() @ kern.core_inv @ kern.right.float()
+        wide = kern.core_inv.dtype
+        mat = kern.left.to(wide) @ kern.core_inv @ kern.right.to(wide)
         if mask is not None:
             mat = mat * mask[:, None, :, None]
         return mat

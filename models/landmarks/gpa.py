@@ -8,9 +8,10 @@ parameter L). No code exists. **Our reading** of "recomputed every L passes", im
   checkpoints and moves with the model), together with its validity and a pass counter (also buffers);
 * in training mode every forward is one pass (a dual-tower model makes two per step; gradient accumulation
   one per micro-batch). On pass 1 and every `refresh_every` passes after it, the codebook is refreshed by
-  `iterations` Lloyd iterations on the current batch's detached queries, pooled over the batch (per head),
-  warm-started from the current codebook (the first time from `init`: `segment_means` = position-segment
-  means pooled over the batch, or `random` / `kmeans++` on the pooled tokens);
+  the shared k-means core (`models/landmarks/kmeans.py`) on the current batch's detached queries, pooled over
+  the batch (per head): the first refresh seeds with `init` (k-means++ by default, `restarts` seedings),
+  later ones warm-start from the current codebook; Lloyd runs until the assignment stops changing or the
+  inertia stalls (`tol`), at most `max_iterations` (the paper's "10 iterations" is `max_iterations: 10`);
 * every sequence — in training and at inference — is assigned to the nearest codebook centroids (one
   N×m distance matmul), and its landmarks are the differentiable query AND key means over those clusters;
   a cluster that gets none of a sequence's real tokens is an invalid landmark for that sequence;
@@ -19,11 +20,11 @@ parameter L). No code exists. **Our reading** of "recomputed every L passes", im
   with no codebook at all.
 
 Eval mode never changes any state (no counting, no refresh): diagnostics and validation cannot perturb
-training. An eval call before the codebook exists falls back to per-sequence k-means. The codebook size is
-fixed when it is created: `attn=gpa` sizes it at construction for the configured seq_len (m = log₂ seq_len
-by default; shorter sequences simply leave some clusters empty); under another attention it is sized at
-the first call. Under DDP each rank refreshes from its own batch and the module's buffer broadcast makes
-rank 0's codebook everyone's at the next forward.
+training. An eval call before the codebook exists falls back to per-sequence k-means (eval-mode draws: fixed,
+the training stream untouched). The codebook size is fixed when it is created: `attn=gpa` sizes it at
+construction for the configured seq_len (m = log₂ seq_len by default; shorter sequences simply leave some
+clusters empty); under another attention it is sized at the first call. Under DDP each rank refreshes from
+its own batch and the module's buffer broadcast makes rank 0's codebook everyone's at the next forward.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ import torch
 
 from models.landmarks.base import Landmarks, cluster_means
 from models.landmarks.kmeans import (
+    KMeansSettings,
     assign,
-    check_options,
     cluster_landmarks,
     exact_fp32,
-    initial_centroids,
+    kmeans_fit,
     kmeans_landmarks,
     lloyd,
+    selector_draw,
 )
 from models.landmarks.segment_means import segment_assignment
 from models.landmarks.uniform import SeededSelector
@@ -50,9 +52,11 @@ from models.landmarks.uniform import SeededSelector
 @dataclass
 class GPAConfig:
     name: str = "gpa"
-    iterations: int = 10  # Lloyd iterations per refresh
+    max_iterations: int = 100  # cap on Lloyd iterations per refresh (stops earlier at convergence)
+    tol: float = 1.0e-4  # converged when the inertia falls by less than tol (relative) in one step
+    restarts: int = 1  # seedings of the first codebook; the lowest inertia is kept
     refresh_every: int = 50  # training passes between codebook refreshes; 1 = per-sequence k-means
-    init: str = "segment_means"  # first codebook: segment_means | random | kmeans++
+    init: str = "kmeans++"  # first codebook: kmeans++ | segment_means | random
     empty: str = "farthest"  # empty clusters at refresh: farthest | keep
     local_iterations: int = 0  # per-sequence Lloyd iterations started from the codebook
     seed: int = 0
@@ -66,19 +70,21 @@ class ProgressiveKMeansSelector(SeededSelector):
 
     def __init__(
         self,
-        iterations: int = 10,
+        max_iterations: int = 100,
+        tol: float = 1.0e-4,
+        restarts: int = 1,
         refresh_every: int = 50,
-        init: str = "segment_means",
+        init: str = "kmeans++",
         empty: str = "farthest",
         local_iterations: int = 0,
         seed: int = 0,
     ) -> None:
         super().__init__(seed)
-        check_options(init, empty)
+        self.settings = KMeansSettings(int(max_iterations), float(tol), int(restarts), init, empty)
         if int(refresh_every) < 1:
             raise ValueError(f"selector.refresh_every={refresh_every}: must be >= 1 (1 = per-sequence k-means)")
-        self.iterations, self.refresh_every = int(iterations), int(refresh_every)
-        self.init, self.empty, self.local_iterations = init, empty, int(local_iterations)
+        self.refresh_every, self.local_iterations = int(refresh_every), int(local_iterations)
+        self.last_iterations = 0  # Lloyd iterations of the last refresh (or per-sequence fit)
         self.register_buffer("codebook", torch.zeros(0))
         self.register_buffer("codebook_valid", torch.zeros(0, dtype=torch.bool))
         self.register_buffer("passes", torch.zeros((), dtype=torch.long))
@@ -116,20 +122,22 @@ class ProgressiveKMeansSelector(SeededSelector):
 
     @torch.no_grad()
     def refresh(self, q: torch.Tensor, mask: torch.Tensor, m: int) -> None:
-        """Lloyd iterations on the batch's queries pooled per head, warm-started from the codebook."""
+        """k-means on the batch's queries pooled per head: seeded the first time, then warm-started from the
+        codebook (the same core as the `kmeans` selector)."""
         b, h, n, d = q.shape
         with exact_fp32(q.device):
             x = q.detach().float().transpose(0, 1).reshape(1, h, b * n, d)
             pooled = mask.reshape(1, 1, b * n)
+            start = None
             if self.initialized and self.codebook.shape[:1] == (h,):
-                c, c_valid = self.codebook.float().unsqueeze(0), self.codebook_valid.unsqueeze(0)
-            elif self.init == "segment_means":  # position-segment means, pooled over the batch
+                start = (self.codebook.float().unsqueeze(0), self.codebook_valid.unsqueeze(0))
+            elif self.settings.init == "segment_means":  # position-segment means of each sequence, pooled
                 seg = segment_assignment(mask, m).expand(b, h, n).transpose(0, 1).reshape(1, h, b * n)
-                c, counts = cluster_means(x, seg, pooled, m)
-                c_valid = counts > 0
-            else:
-                c, c_valid = initial_centroids(x, pooled, m, self.init, self)
-            c, c_valid = lloyd(x, pooled, c, c_valid, self.iterations, self.empty)
+                means, counts = cluster_means(x, seg, pooled, m)
+                start = (means, counts > 0)
+            fit = kmeans_fit(x, pooled, m, self.settings, selector_draw(self, q.device), start=start)
+        self.last_iterations = fit.iterations
+        c, c_valid = fit.centroids, fit.valid
         if self.codebook.shape != c.shape[1:]:
             self.codebook = torch.zeros(c.shape[1:], device=q.device, dtype=self.codebook.dtype)
             self.codebook_valid = torch.zeros(c.shape[1:3], device=q.device, dtype=torch.bool)
@@ -144,22 +152,26 @@ class ProgressiveKMeansSelector(SeededSelector):
         self._passes += 1
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
+        draw = selector_draw(self, q.device)
         if not self.progressive:
             if self.training:
                 self.count_pass()
-            return kmeans_landmarks(q, k, mask, m, self.iterations, self.init, self.empty, self)
+            lm, fit = kmeans_landmarks(q, k, mask, m, self.settings, draw)
+            self.last_iterations = fit.iterations
+            return lm
         size = self.codebook_size or m
         if self.training:
             self.count_pass()
             if not self.initialized or (self._passes - 1) % self.refresh_every == 0:
                 self.refresh(q, mask, size)
         elif not self.initialized:  # eval before any training pass: per-sequence k-means, no state change
-            return kmeans_landmarks(q, k, mask, size, self.iterations, "segment_means", self.empty, None)
+            return kmeans_landmarks(q, k, mask, size, self.settings, draw)[0]
         with exact_fp32(q.device):
             x = q.detach().float()
             c, c_valid = self.codebook.float().unsqueeze(0), self.codebook_valid.unsqueeze(0)
             if self.local_iterations:
                 c, c_valid = c.expand(q.shape[0], -1, -1, -1), c_valid.expand(q.shape[0], -1, -1)
-                c, c_valid = lloyd(x, mask, c, c_valid, self.local_iterations, self.empty)
+                fit = lloyd(x, mask, c, c_valid, self.local_iterations, self.settings.tol, self.settings.empty)
+                c, c_valid = fit.centroids, fit.valid
             assignment, _ = assign(x, c, c_valid, distances=False)
         return cluster_landmarks(q, k, mask, assignment, size)

@@ -33,5 +33,5 @@ class KMeansPPSelector(SeededSelector):
         b, h = q.shape[:2]
         with exact_fp32(q.device):
             u = self.uniform((b, h, m), q.device)
-            idx, valid = kmeanspp_indices(q.detach().float(), mask, m, u)
+            idx, valid = kmeanspp_indices(q.detach().float(), mask, m, u)  # plain D² sampling
         return token_landmarks(q, k, idx, valid)

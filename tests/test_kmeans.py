@@ -1,0 +1,112 @@
+"""The k-means core against scikit-learn's `KMeans` (test-only oracle): inertia on blobs and on shuffled planted
+clusters, convergence, and that converged batch-mates are frozen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lra_bench.approx.synthetic import cluster_inputs
+from lra_bench.registry import build_selector
+
+sklearn_cluster = pytest.importorskip("sklearn.cluster")
+
+
+def inertia(x: torch.Tensor, landmarks: torch.Tensor, valid: torch.Tensor) -> float:
+    """Σ_i min_j ‖x_i − c_j‖² over the valid landmark queries (fp64): what k-means minimises."""
+    return float((torch.cdist(x.double(), landmarks.double()[valid]) ** 2).min(-1).values.sum())
+
+
+def ours(x: torch.Tensor, m: int, seed: int = 0, **kw) -> float:
+    sel = build_selector("kmeans", seed=seed, **kw).eval()
+    lm = sel(x.float()[None, None], x.float()[None, None], None, m)
+    return inertia(x, lm.queries[0, 0], lm.valid[0, 0])
+
+
+def sklearn_best(x: torch.Tensor, m: int, n_init: int = 10, seed: int = 0) -> float:
+    return float(sklearn_cluster.KMeans(m, n_init=n_init, random_state=seed).fit(x.double().numpy()).inertia_)
+
+
+def blobs(seed: int, sizes=(120, 60, 30, 12, 6, 4), d: int = 8) -> torch.Tensor:
+    """Well-separated Gaussian blobs of very different sizes, in shuffled order."""
+    g = torch.Generator().manual_seed(seed)
+    centres = 6.0 * torch.randn(len(sizes), d, generator=g, dtype=torch.float64)
+    pts = torch.cat([c + 0.3 * torch.randn(s, d, generator=g, dtype=torch.float64) for c, s in zip(centres, sizes)])
+    return pts[torch.randperm(pts.shape[0], generator=g)]
+
+
+def planted(seed: int) -> torch.Tensor:
+    """The approximation study's planted block-coherent queries: 16 clusters, Zipf sizes, shuffled."""
+    q, _, _, _ = cluster_inputs(512, 32, 16, 1.5, 0.1, 2.0, seed)
+    return q
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("m", [6, 12])
+def test_inertia_matches_sklearn_on_blobs(seed: int, m: int) -> None:
+    x = blobs(seed)
+    assert ours(x, m, seed=seed, restarts=10) <= 1.02 * sklearn_best(x, m)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("m", [8, 16, 32])
+def test_inertia_matches_sklearn_on_shuffled_planted_clusters(seed: int, m: int) -> None:
+    x = planted(seed)
+    assert ours(x, m, seed=seed, restarts=10) <= 1.02 * sklearn_best(x, m)
+
+
+def test_default_single_run_is_a_proper_kmeans() -> None:
+    """One default run (k-means++ seeding, Lloyd to convergence) is as good, on average over seeds, as one
+    scikit-learn k-means++ run. A segment-means start with 10 Lloyd steps (the old default) sat at 1.3–1.9×:
+    on shuffled clusters it cannot leave the basin token order puts it in."""
+    ratios = []
+    for seed in range(3):
+        x = planted(seed)
+        for m in (8, 16, 32):
+            mine = sum(ours(x, m, seed=s) for s in range(4)) / 4
+            theirs = sum(sklearn_best(x, m, n_init=1, seed=s) for s in range(4)) / 4
+            ratios.append(mine / theirs)
+    assert sum(ratios) / len(ratios) <= 1.05, ratios
+    assert max(ratios) <= 1.25, ratios
+
+
+def test_lloyd_stops_at_a_fixed_point_and_freezes_converged_sequences() -> None:
+    """Stopped by 'assignment unchanged' (tol=0), the result is a Lloyd fixed point; a sequence that converged
+    early is not moved by its batch-mate's further iterations (it equals its own solo run)."""
+    from models.landmarks.kmeans import KMeansSettings, kmeans_fit, lloyd
+
+    easy, hard = blobs(0), planted(0)[: blobs(0).shape[0], :8]
+    x = torch.stack([easy, hard]).float()[:, None]  # [2, 1, N, D]
+    mask = torch.ones(2, 1, x.shape[2], dtype=torch.bool)
+    settings = KMeansSettings(max_iterations=500, tol=0.0)
+
+    def draw(shape, stream):
+        return torch.rand(shape, generator=torch.Generator().manual_seed(stream))
+
+    both = kmeans_fit(x, mask, 6, settings, lambda s, st: draw(s, st)[:1].expand(s))
+    again = lloyd(x, mask, both.centroids, both.valid, 1, 0.0)
+    assert torch.equal(again.assignment, both.assignment), "one more Lloyd step changes nothing"
+    solo = kmeans_fit(x[:1], mask[:1], 6, settings, lambda s, st: draw(s, st)[:1].expand(s))
+    torch.testing.assert_close(solo.centroids[0], both.centroids[0])
+    assert torch.equal(solo.assignment[0], both.assignment[0])
+
+
+def test_restarts_keep_the_lowest_inertia() -> None:
+    from models.landmarks.kmeans import KMeansSettings, kmeans_fit
+
+    x = planted(1).float()[None, None]
+    mask = torch.ones(1, 1, x.shape[2], dtype=torch.bool)
+
+    def draw(shape, stream):
+        return torch.rand(shape, generator=torch.Generator().manual_seed(100 + stream))
+
+    singles = [kmeans_fit(x, mask, 16, KMeansSettings(), lambda s, st, r=r: draw(s, r)).inertia for r in range(4)]
+    best = kmeans_fit(x, mask, 16, KMeansSettings(restarts=4), draw).inertia
+    torch.testing.assert_close(best, torch.stack(singles).min(0).values)
+
+
+def test_bad_settings_name_the_key() -> None:
+    with pytest.raises(ValueError, match=r"selector.init='lloyd'"):
+        build_selector("kmeans", init="lloyd")
+    with pytest.raises(ValueError, match=r"selector.restarts=0"):
+        build_selector("kmeans", restarts=0)
