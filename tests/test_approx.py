@@ -50,7 +50,6 @@ def run_approx(tmp_path: Path, overrides: list[str]) -> dict[str, Any]:
 
 def settings(selectors: list[str], attns: list[str], solves=("training",), **operator_params: Any) -> dict[str, Any]:
     return {
-        "landmark_keys": ["num_landmarks"],
         "operator": "nystrom",
         "operator_params": {"conv_kernel": 0, **operator_params},
         "selectors": selectors,

@@ -194,11 +194,14 @@ def test_peak_memory_probe_sees_an_allocation() -> None:
 
 
 def test_flops_table() -> None:
-    from lra_bench.bench.costs import Flops, attention_flops, extrapolate_memory
+    from lra_bench.bench.costs import attention_flops, extrapolate_memory
+    from lra_bench.registry import UnknownComponent
+    from models.cost import Flops
 
     f = attention_flops("full", batch=2, heads=3, n=100, m=None, d=8)
     assert f is not None and f.forward == 4 * 2 * 3 * 100 * 100 * 8 and f.forward_backward == 3 * f.forward
-    assert attention_flops("no_such_attention", batch=1, heads=1, n=8, m=None, d=8) is None
+    with pytest.raises(UnknownComponent):  # a typo is an error, not an "uncounted" method
+        attention_flops("no_such_attention", batch=1, heads=1, n=8, m=None, d=8)
     nys = attention_flops(
         "nystrom", batch=1, heads=1, n=1024, m=64, d=32, params={"conv_kernel": 0}, selector="uniform"
     )

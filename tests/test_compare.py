@@ -67,7 +67,7 @@ def write_run(
         attn=attn,
         selector=(config.get("selector") or {}).get("name") if attn != "full" else None,
         protocol="nystromformer",
-        num_landmarks=config["attn"].get("num_landmarks"),
+        rank_budget=config["attn"].get("num_landmarks"),
         seed=seed,
         config=config,
     )

@@ -23,8 +23,8 @@ def batch(seed: int, n: int = N) -> list[torch.Tensor]:
 
 def test_log2_landmarks_and_codebook_shape() -> None:
     module = gpa(seq_len=64)
-    assert module.landmark_count(64) == 6
-    assert module.landmark_count(16) == 6, "the codebook size is fixed for the configured length"
+    assert module.rank_budget(64) == 6
+    assert module.rank_budget(16) == 6, "the codebook size is fixed for the configured length"
     assert module.selector.codebook.shape == (H, 6, D)
 
 

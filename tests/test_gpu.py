@@ -83,13 +83,14 @@ class CoreDtypes(TorchDispatchMode):
         return out
 
 
-def landmark_counts(model: torch.nn.Module, n: int) -> set[int]:
-    """The m of every attention that has a landmark core at length n (none for full, performer, …)."""
+def rank_budgets(model: torch.nn.Module, n: int) -> set[int]:
+    """The m of every attention that has an m×m landmark core at length n: the landmark attentions and Skyformer
+    (none for full, performer, linformer, polynomial, whose rank budget is not a core)."""
     counts = set()
     for mha in (m for m in model.modules() if isinstance(m, MultiHeadAttention)):
-        count = getattr(mha.attention, "landmark_count", None)
-        if callable(count):
-            counts.add(int(count(n)))
+        attention = mha.attention
+        if attention.takes_selector or attention.name == "skyformer":
+            counts.add(int(attention.rank_budget(n)))
     return counts
 
 
@@ -112,7 +113,7 @@ def test_bf16_autocast_step_is_finite_keeps_fp32_cores_and_tracks_fp32(name: str
     batch = make_batch(n, b, device)
     square = {p.shape[-1] for p in model.parameters() if p.dim() >= 2 and p.shape[-1] == p.shape[-2]}
     others = square | {n, 32, 64}  # weights, the sequence, head_dim and the qk-concatenated width
-    assert not landmark_counts(model, n) & others, "an m×m core must not be mistaken for another tensor"
+    assert not rank_budgets(model, n) & others, "an m×m core must not be mistaken for another tensor"
 
     model.eval()  # no dropout: the bf16 and fp32 logits of the same weights are compared
     with torch.no_grad():
@@ -125,7 +126,7 @@ def test_bf16_autocast_step_is_finite_keeps_fp32_cores_and_tracks_fp32(name: str
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
-    mode = CoreDtypes(landmark_counts(model, n))
+    mode = CoreDtypes(rank_budgets(model, n))
     with mode, torch.autocast(device, dtype=torch.bfloat16):
         loss = F.cross_entropy(model(batch).float(), batch["label"])
     with mode:

@@ -241,8 +241,8 @@ def test_spectral_uses_hash_landmarks_at_inference_and_the_formula_for_s() -> No
     assert not torch.allclose(uniform(q, k, v, None), hashed(q, k, v, None)), "training draws uniformly"
     formula = make("spectral", "uniform", sample_rule="formula", eps=0.9, delta=0.9, r_min=3)
     expected = math.ceil(math.log(1000) / (0.9**4 * 0.9) * math.log(1 / 0.81) ** 3)
-    assert formula.landmark_count(1000) == max(3, expected)
-    assert formula.landmark_count(2) == 2, "never more than n, even below r_min"
+    assert formula.rank_budget(1000) == max(3, expected)
+    assert formula.rank_budget(2) == 2, "never more than n, even below r_min"
 
 
 SWEEP = [

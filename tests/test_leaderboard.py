@@ -62,7 +62,7 @@ def _record(
         attn=attn,
         selector=selector,
         protocol="nystromformer",
-        num_landmarks=landmarks,
+        rank_budget=landmarks,
         seed=seed,
     )
     rec["run"].update(name=out.name, output_dir=str(out), started_at="2026-01-01T00:00:00", finished_at=finished_at)

@@ -69,11 +69,11 @@ def test_sweep_callback_and_run_build_the_same_record_fields(
     failed.status, failed.return_value = JobStatus.FAILED, RuntimeError("worker died")
     LeaderboardCallback().on_job_end(cfg, failed)
     from_callback = results.read_record(tmp_path / results.FILENAME)
-    assert (from_callback["selector"], from_callback["num_landmarks"]) == (selector, landmarks)  # log2(2048) = 11
+    assert (from_callback["selector"], from_callback["rank_budget"]) == (selector, landmarks)  # log2(2048) = 11
     from lra_bench.record.builder import new_record  # what train() builds its record with
 
     from_run = new_record(compose(overrides), tmp_path)
-    keys = ("task", "attn", "selector", "protocol", "num_landmarks", "seed")
+    keys = ("task", "attn", "selector", "protocol", "rank_budget", "seed")
     assert {k: from_callback[k] for k in keys} == {k: from_run[k] for k in keys}
 
 

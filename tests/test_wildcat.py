@@ -52,7 +52,7 @@ def rpcholesky_pivots(module, q, k, mask=None):
     s = q.shape[-1] ** -0.25
     real = torch.ones(q.shape[0], 1, q.shape[2], dtype=torch.bool) if mask is None else mask[:, None, :]
     z, _ = key_features(q.float() * s, k.float() * s, real, module.tau, module.center_keys)
-    return module.selector.pivots(z, real, module.landmark_count(q.shape[-2]))
+    return module.selector.pivots(z, real, module.rank_budget(q.shape[-2]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -162,8 +162,9 @@ def test_configuration_errors_are_one_clear_line() -> None:
 def test_hand_flops_match_the_flop_counter() -> None:
     """Every product the hand count names is one torch sees, forward and backward (the r×r pseudo-inverse's SVD is
     invisible to torch's counter: the hand count carries it as an estimate, subtracted here)."""
-    from lra_bench.bench.costs import _pinv, attention_flops
+    from lra_bench.bench.costs import attention_flops
     from lra_bench.bench.worker import count_flops
+    from models.cost import pinv_flops
 
     n, r, d = 128, 16, 8
     module = build_attention(
@@ -174,7 +175,7 @@ def test_hand_flops_match_the_flop_counter() -> None:
     assert hand is not None
     for mode in ("forward", "forward_backward"):
         counted = count_flops(module, mode, q, k, v, None, g)
-        pinv = 2 * _pinv(r, {"pinv": "exact"})  # two heads
+        pinv = 2 * pinv_flops(r, {"pinv": "exact"})  # two heads
         assert counted == pytest.approx(hand.for_mode(mode) - pinv, rel=1e-6), mode
 
 

@@ -63,11 +63,10 @@ def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Met
     from lra_bench.bench.variants import attn_params, default_selector, selector_params
     from lra_bench.registry import ATTENTIONS, SELECTORS
 
-    keys = list(settings["landmark_keys"])
     out: list[Method] = []
     op = str(settings["operator"])
     op_params = {**attn_params(op, context), **dict(settings.get("operator_params") or {})}
-    op_key = next((k for k in keys if k in op_params), None)
+    op_key = ATTENTIONS.get(op).rank_knob  # the knob m sets (num_landmarks, …): the attention says which
     sels = SELECTORS.names() if settings["selectors"] in ("all", None) else list(settings["selectors"])
     solves = check_solves(list(settings.get("solves") or ["training"]))
     if any(SOLVES[s] for s in solves) and "pinv" not in op_params:
@@ -84,7 +83,7 @@ def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Met
         params = attn_params(name, context)
         sel = default_selector(name) if cls.takes_selector else None
         label = name + (f"/{sel}" if sel else "")
-        key = next((k for k in keys if k in params), None)
+        key = cls.rank_knob
         out.append(Method(label, "attention", name, sel, params, selector_params(sel, context) if sel else {}, key))
     return out
 

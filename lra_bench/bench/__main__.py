@@ -52,7 +52,6 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         cfg.attns,
         cfg.selectors,
         list(cfg.landmarks),
-        list(cfg.landmark_keys),
         cfg.references,
         context={"seed": int(cfg.seed)},
     )

@@ -17,6 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from models.attention.full import FullAttention
+from models.cost import Flops, Params, fused_memory, quadratic_memory
+
 REFERENCES = {
     "sdpa_math": SDPBackend.MATH,
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -25,6 +28,17 @@ REFERENCES = {
 
 
 class SDPAReference(nn.Module):
+    """Exact attention through one pinned SDPA backend; its cost model is exact attention's, with the memory of
+    what that backend materialises (the score matrix for `sdpa_math`, never for the fused kernels)."""
+
+    @staticmethod
+    def flops(n: int, m: int | None, d: int, params: Params) -> Flops:
+        return FullAttention.flops(n, m, d, params)
+
+    @staticmethod
+    def memory_of(name: str, n: int, d: int, mode: str) -> float:
+        return quadratic_memory(n, mode) if name == "sdpa_math" else fused_memory(n, d, mode)
+
     def __init__(self, name: str) -> None:
         super().__init__()
         if name not in REFERENCES:

@@ -83,7 +83,6 @@ def build_variants(
     attns: Any,
     selectors: Any,
     landmarks: list[Any],
-    landmark_keys: list[str],
     references: Any,
     context: dict[str, Any] | None = None,
 ) -> list[Variant]:
@@ -95,7 +94,7 @@ def build_variants(
     for name in names:
         cls = ATTENTIONS.get(name)
         params = attn_params(name, context)
-        key = next((k for k in landmark_keys if k in params), None)
+        key = cls.rank_knob  # the knob m sets (num_landmarks, proj_dim, num_features): the attention says which
         sels: list[str | None] = [None]
         if cls.takes_selector:
             own = default_selector(name)

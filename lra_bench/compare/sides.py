@@ -21,7 +21,7 @@ from lra_bench.leaderboard.aggregate import canonical_task, find_results, load_r
 from lra_bench.record.identity import config_identity, differing_keys
 
 #: record fields a selector may name without a dot (`attn=gpa`); anything else is a dotted identity key
-SHORT_KEYS = ("task", "attn", "selector", "protocol", "seed", "num_landmarks")
+SHORT_KEYS = ("task", "attn", "selector", "protocol", "seed", "rank_budget")
 #: what may differ between the two sides: the method and the seed
 METHOD_PREFIXES = ("attn", "selector", "seed")
 #: what a search produced for one method (not part of the experiment two tuned methods must share)
@@ -115,7 +115,7 @@ class Side:
     @property
     def label(self) -> str:
         labels = {
-            method_label(r.get("attn"), r.get("selector"), r.get("num_landmarks"))
+            method_label(r.get("attn"), r.get("selector"), r.get("rank_budget"))
             for t in self.runs
             for r in self.records(t)
         }

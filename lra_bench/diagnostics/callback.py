@@ -77,11 +77,8 @@ def preserved_rng() -> Iterator[None]:
 
 def rank_budget(attention: Any, n: int) -> int | None:
     """The nominal rank the method spends at length n: landmarks, features or projection rows (None = full)."""
-    for name in ("landmark_count", "rank_budget"):
-        fn = getattr(attention, name, None)
-        if callable(fn):
-            return int(fn(n))
-    return None
+    value = attention.rank_budget(n)
+    return None if value is None else int(value)
 
 
 def effective_rank(attention: Any, nominal: int | None, b: int, h: int) -> int | None:

@@ -20,8 +20,8 @@ from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS,
 from lra_bench.record import results
 
 #: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
-GROUP_KEYS = ("protocol", "task", "attn", "selector", "num_landmarks", "pretraining")
-METHOD_KEYS = ("protocol", "attn", "selector", "num_landmarks", "pretraining")
+GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "pretraining")
+METHOD_KEYS = ("protocol", "attn", "selector", "rank_budget", "pretraining")
 #: a wide (per-method) row: the method, whether its runs kept the protocol, and the variant that sets it apart
 WIDE_KEYS = (*METHOD_KEYS, "conformance", "variant")
 # Names a task may carry in a record, mapped to the canonical key (configs and older sweeps differ).
@@ -250,12 +250,12 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     return rows, superseded
 
 
-def method_label(attn: Any, selector: Any, num_landmarks: Any, variant: str = "", pretraining: Any = "none") -> str:
+def method_label(attn: Any, selector: Any, rank_budget: Any, variant: str = "", pretraining: Any = "none") -> str:
     label = str(attn)
     if selector:
         label += f" / {selector}"
-    if num_landmarks is not None:
-        label += f" (m={num_landmarks})"
+    if rank_budget is not None:
+        label += f" (m={rank_budget})"
     if pretraining not in (None, "none"):
         label += f" + SPT({pretraining})"
     if variant:
@@ -338,7 +338,7 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
                 "protocol": row.protocol,
                 "attn": row.attn,
                 "selector": None,
-                "num_landmarks": row.num_landmarks,
+                "rank_budget": row.rank_budget,
                 "method": row.model,
                 **{t: cells.get(t) for t in TASKS},
                 **{f"{t}_std": None for t in TASKS},

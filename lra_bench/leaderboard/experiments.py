@@ -29,7 +29,7 @@ def identity_of(record: dict[str, Any]) -> dict[str, Any]:
         return identity
     config = record.get("config")
     stand_in = config_identity(config) if isinstance(config, dict) else {}
-    for key in ("task", "attn", "selector", "protocol", "num_landmarks", "seed"):
+    for key in ("task", "attn", "selector", "protocol", "rank_budget", "seed"):
         stand_in[f"record.{key}" if key != "seed" else "seed"] = record.get(key)
     return stand_in
 

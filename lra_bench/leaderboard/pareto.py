@@ -95,7 +95,7 @@ def _relative(row: dict[str, Any], refs: dict[tuple[Any, ...], dict[str, Any]]) 
 
 
 def _label(row: dict[str, Any]) -> str:
-    return method_label(row.get("attn"), row.get("selector"), row.get("num_landmarks"))
+    return method_label(row.get("attn"), row.get("selector"), row.get("rank_budget"))
 
 
 def task_charts(rows: Sequence[dict[str, Any]], notes: list[str]) -> list[Chart]:

@@ -38,7 +38,7 @@ class PublishedRow:
     protocol: str | None
     model: str
     attn: str
-    num_landmarks: int | None
+    rank_budget: int | None
     scores: dict[str, float | str | None]
     avg_reported: float | None
     flag: str = ""
@@ -63,7 +63,7 @@ def load_published(path: Path = PUBLISHED_PATH) -> tuple[dict[str, dict[str, Any
                 protocol=src.get("protocol"),
                 model=raw["model"],
                 attn=raw["attn"],
-                num_landmarks=raw.get("num_landmarks"),
+                rank_budget=raw.get("rank_budget"),
                 scores={task: raw.get(task) for task in TASKS},
                 avg_reported=raw.get("avg_reported"),
                 flag=raw.get("flag", ""),

@@ -19,7 +19,7 @@ GROUP_COLUMNS = (
     "task",
     "attn",
     "selector",
-    "num_landmarks",
+    "rank_budget",
     "variant",
     "conformance",
     "off_protocol",
@@ -46,7 +46,7 @@ WIDE_COLUMNS = (
     "method",
     "attn",
     "selector",
-    "num_landmarks",
+    "rank_budget",
     "variant",
     "conformance",
     "off_protocol",
@@ -219,7 +219,7 @@ def render_markdown(
             TASK_LABELS.get(r["task"], r["task"]),
             r["attn"],
             r["selector"] or "—",
-            _num(r["num_landmarks"], "{}"),
+            _num(r["rank_budget"], "{}"),
             r.get("variant") or "—",
             _kept(r),
             r["pretraining"],
@@ -294,7 +294,7 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
         points = [r for r in rows if r.get(key) is not None and r.get("test_acc_mean") is not None]
         for i, r in enumerate(points):
             label = f"{r['attn']}" + (f"/{r['selector']}" if r["selector"] else "")
-            label += f" m={r['num_landmarks']}" if r["num_landmarks"] is not None else ""
+            label += f" m={r['rank_budget']}" if r["rank_budget"] is not None else ""
             label += f" +SPT({r['pretraining']})" if r.get("pretraining") not in (None, "none") else ""
             label += f" [{r['protocol']}]" + MARKS.get(str(r.get("conformance")), "")
             label += f" {r['variant']}" if r.get("variant") else ""

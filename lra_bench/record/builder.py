@@ -2,7 +2,7 @@
 
 Why one builder: the run (`lra_bench.run.train`) and the sweep callback's records of jobs that died before
 writing their own (`LeaderboardCallback.on_job_end`) used to fill task/attn/selector/landmarks each their own way
-(`selector` None in one and `"none"` in the other, `num_landmarks` `"log2"` unresolved), which split one method
+(`selector` None in one and `"none"` in the other, the landmark count `"log2"` unresolved), which split one method
 into two leaderboard rows. Both now call `new_record`.
 
 Light at import (no torch): Hydra instantiates the sweep callback in every process; the landmark count imports
@@ -50,11 +50,19 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
-def landmark_count(cfg: DictConfig) -> int | None:
-    """The number of landmarks block 0's attention uses at the run's sequence length (`"log2"` → ⌈log₂ n⌉, a
-    formula rule → its value): built through `lra_bench.run.build.attention_factory`, the model's own path.
-    None for attentions without landmarks, or when the config cannot build one (a failed job's record)."""
-    if select(cfg, "attn.num_landmarks") is None:
+def rank_budget(cfg: DictConfig) -> int | None:
+    """The rank budget block 0's attention spends at the run's sequence length — its landmarks, features or
+    projection rows (`"log2"` → ⌈log₂ n⌉, a formula rule → its value): the attention is built through
+    `lra_bench.run.build.attention_factory`, the model's own path, and asked (`Attention.rank_budget`). None for
+    an attention without a rank knob (exact attention), or when the config cannot build one (a failed job's
+    record: then the knob's value if it is already an int)."""
+    from lra_bench.registry import ATTENTIONS
+
+    try:
+        knob = ATTENTIONS.get(str(select(cfg, "attn.name"))).rank_knob
+    except Exception:  # an unknown attention (a failed job's record)
+        return None
+    if knob is None:
         return None
     try:
         from lra_bench.run.build import attention_factory, selector_node
@@ -69,15 +77,16 @@ def landmark_count(cfg: DictConfig) -> int | None:
             num_heads=int(model["num_heads"]),  # type: ignore[index]
             head_dim=int(model["head_dim"]),  # type: ignore[index]
         )
-        return int(make(0, total).landmark_count(total))
+        budget = make(0, total).rank_budget(total)
+        return None if budget is None else int(budget)
     except Exception:
-        value = select(cfg, "attn.num_landmarks")
+        value = select(cfg, f"attn.{knob}")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> dict[str, Any]:
     """A schema-complete record (status `running`) for the run `cfg` in `output_dir`: what it is (task, attn,
-    selector, protocol, resolved landmark count, seed), where, the resolved config, the code and environment.
+    selector, protocol, resolved rank budget, seed), where, the resolved config, the code and environment.
     Identity, fingerprint and deviations need the data and are added by the run."""
     record = results.empty_record()
     seed = select(cfg, "seed")
@@ -87,7 +96,7 @@ def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> d
         protocol=select(cfg, "protocol.name"),
         seed=int(seed) if isinstance(seed, int) else seed,
         selector=selector_name(cfg),
-        num_landmarks=landmark_count(cfg),
+        rank_budget=rank_budget(cfg),
         config=resolved_config(cfg),
     )
     planned = select(cfg, "trainer.max_steps")

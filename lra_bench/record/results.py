@@ -8,7 +8,8 @@ Schema (version 2) — every key is always present; unknown values are null:
                     checkpoint tested by the eval entry, not a training run — the leaderboard never counts it)
     error           str | null          (the exception message when failed)
     task, attn, selector, protocol      str (selector null when the attention takes none)
-    num_landmarks   int | null          the landmark count the model uses (resolved: never "log2")
+    rank_budget     int | null          the rank budget the model spends: landmarks, features or projection rows
+                                        (the attention's `rank_knob`, resolved: never "log2"; null = exact)
     seed            int
     fingerprint     str | null          16 hex digits: `identity.fingerprint(identity)`
     identity        {dotted.key: value} everything that can change the result (`lra_bench.record.identity`)
@@ -88,7 +89,7 @@ def empty_record() -> dict[str, Any]:
         "attn": None,
         "selector": None,
         "protocol": None,
-        "num_landmarks": None,
+        "rank_budget": None,
         "seed": None,
         "fingerprint": None,
         "identity": None,

@@ -19,12 +19,21 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from models.cost import Flops, Params
+
 
 class Attention(nn.Module):
-    """Base class. Subclasses set `takes_selector` when they accept a landmark selector."""
+    """Base class. A variant describes itself: its `name` and `config`, whether it takes a landmark selector
+    (`takes_selector`, and `needs_token_landmarks` when its landmarks must be tokens), which config knob holds its
+    rank budget (`rank_knob`), its cost model (`flops`, `memory`) and, per instance, the rank it spends
+    (`rank_budget`). The harness asks these hooks instead of keeping tables of names."""
 
     #: whether a `selector` is part of this attention's configuration
-    takes_selector: bool = False
+    takes_selector: ClassVar[bool] = False
+    #: whether its landmarks must be tokens of the sequence (exact columns of A): cluster-mean selectors refused
+    needs_token_landmarks: ClassVar[bool] = False
+    #: the config field that holds the rank budget (landmarks, projection rows, features); None = no budget
+    rank_knob: ClassVar[str | None] = None
     #: the `attn=` option name; a class with its own `name` is discovered by `lra_bench.registry`
     name: ClassVar[str] = ""
     #: the config dataclass: its fields are the constructor's keyword arguments (plus `name`)
@@ -51,6 +60,23 @@ class Attention(nn.Module):
     def implied_matrix(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The `[B, H, N, N]` matrix Â with `forward(q, k, v) ≈ Â v` (padded rows/cols zero)."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its implied matrix")
+
+    def rank_budget(self, seq_len: int) -> int | None:
+        """The nominal rank this instance spends on a sequence of `seq_len` tokens (its landmarks, features or
+        projection rows; the diagnostics' Eckart–Young budget); None = no low-rank budget (exact attention)."""
+        return None
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        """FLOPs of one call per (batch · head) at n tokens, rank budget m, head dim d, with the config values
+        `params` (see `models.cost` for the convention). Every attention declares it."""
+        raise NotImplementedError(f"attn={cls.name or cls.__name__} declares no FLOP count (`flops`)")
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        """Elements one call needs beyond its inputs per (batch · head), `mode` forward | forward_backward: an
+        estimate that errs high (the benchmark skips what would not fit)."""
+        raise NotImplementedError(f"attn={cls.name or cls.__name__} declares no memory estimate (`memory`)")
 
     def extra_diagnostics(self) -> dict[str, float]:
         """Scalars a variant reports about its last forward (e.g. the rank kept); empty by default."""

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from models.attention.base import Attention
+from models.cost import Flops, Params, fused_memory
 
 
 @dataclass
@@ -41,6 +42,14 @@ class FullAttention(Attention):
     name = "full"
     config = FullConfig
     supports_causal = True
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        return Flops(4.0 * n * n * d)  # QKᵀ and AV
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return fused_memory(n, d, mode)  # SDPA: flash / memory-efficient kernels, never n²
 
     def __init__(self, head_dim: int, num_heads: int, seq_len: int, dropout: float = 0.0) -> None:
         super().__init__(head_dim, num_heads, seq_len)

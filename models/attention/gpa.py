@@ -60,9 +60,9 @@ class GPAAttention(NystromAttention):
         if callable(bind):  # a progressive codebook: fixed size for the configured length, allocated now
             bind(num_heads, head_dim, resolve_num_landmarks(num_landmarks, seq_len))
 
-    def landmark_count(self, seq_len: int) -> int:
+    def rank_budget(self, seq_len: int) -> int:
         size = getattr(self.selector, "codebook_size", None)
-        return int(size) if size else super().landmark_count(seq_len)
+        return int(size) if size else super().rank_budget(seq_len)
 
     def extra_diagnostics(self) -> dict[str, float]:
         out: dict[str, float] = {}

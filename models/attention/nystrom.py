@@ -29,6 +29,7 @@ from models.attention.numerics import (
     masked_softmax,
     stable_pinv,
 )
+from models.cost import Flops, Params, conv_flops, pinv_flops, width_memory
 from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
 
 PINVS = ("iterative", "stable", "exact")
@@ -60,6 +61,18 @@ class NystromAttention(Attention):
     config = NystromConfig
 
     takes_selector = True
+    rank_knob = "num_landmarks"
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        m = int(m or 0)
+        kernels = 2 * n * m * d * 2 + 2 * m * m * d  # QK̃ᵀ, Q̃Kᵀ, Q̃K̃ᵀ
+        apply = 2 * m * n * d + 2 * m * m * d + 2 * n * m * d  # right·V, core⁺·(…), left·(…)
+        return Flops(kernels + apply + pinv_flops(m, params) + conv_flops(n, d, params))
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return width_memory(n, float(m or 0), d, mode)
 
     def __init__(
         self,
@@ -88,11 +101,11 @@ class NystromAttention(Attention):
                 num_heads, num_heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=num_heads, bias=False
             )
 
-    def landmark_count(self, seq_len: int) -> int:
+    def rank_budget(self, seq_len: int) -> int:
         return resolve_num_landmarks(self.num_landmarks, seq_len)
 
     def select_landmarks(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
-        return self.selector(q, k, mask, self.landmark_count(q.shape[-2]))
+        return self.selector(q, k, mask, self.rank_budget(q.shape[-2]))
 
     def invert_core(self, core: torch.Tensor) -> torch.Tensor:
         if self.pinv == "stable":

@@ -37,6 +37,7 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core, masked_softmax
+from models.cost import Flops, Params, sketch_rows, width_memory
 from models.landmarks.base import LandmarkSelector, gather_tokens, resolve_num_landmarks
 from models.landmarks.pivoted_qr import sketch_size
 from models.landmarks.uniform import UniformSelector
@@ -91,6 +92,23 @@ class PivotedAttention(Attention):
     takes_selector = True
     #: C = A[:, J] needs landmarks that are tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True
+    rank_knob = "num_landmarks"
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        r = int(m or 0)
+        ell = sketch_rows(r, n, params)
+        # kernel mode: exact sketch rows E_S (ℓ×n) and E_S·V, C_S = E_S[:, J], E[:, J] for all rows, the ridge
+        # solve (Gram, right-hand side, LU) and C (T [V | 1]). `columns: exact` adds the O(n²d) log-sum-exp.
+        diff = 2 * ell * n * d + 2 * ell * r * d + 2 * n * r * d + 2 * ell * n * d
+        diff += 2 * ell * r * r + 2 * ell * r * (d + 1) + (2 / 3) * r**3 + 2 * r * r * (d + 1) + 2 * n * r * (d + 1)
+        if params.get("columns", "exact") == "exact":
+            diff += 4.0 * n * n * d  # blockwise lse (forward) + the exact sketch rows' softmax
+        return Flops(diff)
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return width_memory(n, 4.0 * float(m or 0), d, mode)  # sketch rows ℓ = 2m, residual copy, columns
 
     def __init__(
         self,
@@ -114,13 +132,13 @@ class PivotedAttention(Attention):
         self.row_sampler = UniformSelector(seed=seed)
         self.last_rank: torch.Tensor | None = None
 
-    def landmark_count(self, seq_len: int) -> int:
+    def rank_budget(self, seq_len: int) -> int:
         return resolve_num_landmarks(self.num_landmarks, seq_len)
 
     def _operator(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Â v for any right-hand side `v [B, H, N, E]` (E = D in forward, E = N for the implied matrix)."""
         scale = q.shape[-1] ** -0.25
-        lm = self.selector(q * scale, k * scale, mask, self.landmark_count(q.shape[-2]))
+        lm = self.selector(q * scale, k * scale, mask, self.rank_budget(q.shape[-2]))
         if lm.indices is None:
             raise ValueError(
                 f"attn=pivoted needs token landmarks; selector {type(self.selector).__name__} returns cluster means"

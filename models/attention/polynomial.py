@@ -27,6 +27,7 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
+from models.cost import Flops, Params, width_memory
 
 KINDS = ("homogeneous", "inhomogeneous")
 
@@ -56,6 +57,21 @@ def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tenso
 class PolynomialAttention(Attention):
     name = "polynomial"
     config = PolynomialConfig
+
+    @classmethod
+    def feature_dim(cls, d: int, params: Params) -> int:
+        """The exact symmetric-tensor feature dimension C(d' + p − 1, p), d' = d (+1 when inhomogeneous)."""
+        dim = d + (params.get("kind", "homogeneous") == "inhomogeneous")
+        return math.comb(dim + int(params.get("degree", 2)) - 1, int(params.get("degree", 2)))
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        f = cls.feature_dim(d, params)
+        return Flops(4.0 * n * f * (d + 1))  # φ(K)ᵀ[V | 1] and φ(Q)·(…); building φ is elementwise
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return width_memory(n, float(cls.feature_dim(d, params)), d, mode)
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv
+from models.cost import Flops, Params, pinv_flops, width_memory
 from models.landmarks.base import broadcast_mask, gather_tokens
 from models.landmarks.uniform import UniformSelector, sample_real_tokens
 
@@ -42,6 +43,17 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class SkyformerAttention(Attention):
     name = "skyformer"
     config = SkyformerConfig
+    rank_knob = "num_landmarks"
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        m = int(m or params.get("num_landmarks", 128))
+        # κ(Q, X_S), κ(X_S, K), κ(X_S, X_S) (Gaussian kernels: one product each), pinv, right-to-left apply
+        return Flops(8.0 * n * m * d + 4.0 * m * m * d + pinv_flops(m, params))
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return width_memory(n, float(m or params.get("num_landmarks", 128)), d, mode)
 
     def __init__(
         self,
@@ -63,14 +75,14 @@ class SkyformerAttention(Attention):
         self.pinv, self.pinv_iterations = pinv, int(pinv_iterations)
         self.sampler = UniformSelector(seed=seed)
 
-    def landmark_count(self, seq_len: int) -> int:
+    def landmark_total(self, seq_len: int) -> int:
         return min(self.num_landmarks, 2 * seq_len)
 
     def _factors(self, q, k, mask):
         """κ(Q, X_S) `[B,H,N,m]`, W⁺ `[B,H,m,m]`, κ(X_S, K) `[B,H,m,N]` (pads zero), all fp32."""
         scale = q.shape[-1] ** -0.25
         qf, kf = q.float() * scale, k.float() * scale
-        m = self.landmark_count(q.shape[-2])
+        m = self.landmark_total(q.shape[-2])
         half = m // 2
         real = broadcast_mask(mask, qf)
         idx_q, valid_q = sample_real_tokens(self.sampler, real, q.shape[1], half, stream=0)
@@ -91,7 +103,7 @@ class SkyformerAttention(Attention):
         return left, core_inv, right
 
     def rank_budget(self, seq_len: int) -> int:
-        return min(self.landmark_count(seq_len), seq_len)
+        return min(self.landmark_total(seq_len), seq_len)
 
     def forward(self, q, k, v, mask):
         with fp32_core(q.device):

@@ -57,6 +57,7 @@ from torch import nn
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
+from models.cost import Flops, Params, width_memory
 from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
 from models.landmarks.hash import HashSelector
 
@@ -145,6 +146,20 @@ class SpectralAttention(Attention):
     config = SpectralConfig
 
     takes_selector = True
+    rank_knob = "num_landmarks"
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        s = int(m or 0)
+        dz = 2 * d if params.get("tokens", "qk") == "qk" else d  # affinity on [q; k] (2d) or on one of them
+        # C = tanh(Z Z_Sᵀ), W = tanh(Z_S Z_Sᵀ); μ = diag(UᵀWU) and P = U diag(1/μ) Uᵀ (differentiable, 2 s³ each);
+        # out = C (P (Cᵀ V)). The eigendecomposition itself runs without grad (≈ 9 s³, an estimate).
+        diff = 2 * n * s * dz + 2 * s * s * dz + 4.0 * s**3 + 2 * n * s * d + 2 * s * s * d + 2 * n * s * d
+        return Flops(diff, 9.0 * s**3)
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return width_memory(n, float(m or 0), d, mode)
 
     def __init__(
         self,
@@ -193,7 +208,7 @@ class SpectralAttention(Attention):
         self._rank_kept: torch.Tensor | None = None
         self.last_rank: torch.Tensor | None = None
 
-    def landmark_count(self, seq_len: int) -> int:
+    def rank_budget(self, seq_len: int) -> int:
         if self.sample_rule == "formula":
             return formula_sample_size(seq_len, self.eps, self.delta, self.c, self.r_min)
         return resolve_num_landmarks(self.num_landmarks, seq_len)
@@ -204,7 +219,7 @@ class SpectralAttention(Attention):
         return unit(x)
 
     def select_landmarks(self, z: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
-        s = self.landmark_count(z.shape[-2])
+        s = self.rank_budget(z.shape[-2])
         if not self.training and self.eval_hash and getattr(self.selector, "randomized", False):
             return self._hash(z, z, mask, s)
         return self.selector(z, z, mask, s)

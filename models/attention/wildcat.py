@@ -46,6 +46,7 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core, stable_pinv
+from models.cost import Flops, Params, pinv_flops, width_memory
 from models.landmarks.base import LandmarkSelector, broadcast_mask, gather_tokens, resolve_num_landmarks
 from models.landmarks.rpcholesky import RPCholeskyConfig, RPCholeskySelector, check_tau, key_features
 from models.landmarks.segment_means import segment_assignment
@@ -68,6 +69,22 @@ class WildcatAttention(Attention):
     takes_selector = True
     #: the coreset must be tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True
+    rank_knob = "num_landmarks"
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        r = int(m or 0)
+        # the r×r Gaussian core Z_S Z_Sᵀ and its pseudo-inverse, G_SK = Z_S Zᵀ, G_SK·[V | 1], core⁺·(…), exp(Q K_Sᵀ),
+        # left·(…) and left·e^{h_S} (the coreset's partial row sums, the denominator guard). The coreset itself is
+        # the selector's (counted there). `num_bins` masks the same dense products (no saving in our implementation).
+        diff = 2 * r * r * d + 2 * r * n * d + 2 * r * n * (d + 1) + 2 * r * r * (d + 1)
+        diff += 2 * n * r * d + 2 * n * r * (d + 1) + 2 * n * r
+        # the SVD-based pseudo-inverse: forward an estimate (`pinv_flops`), backward torch's formula, 8 r×r products
+        return Flops(diff) + Flops(pinv_flops(r, {"pinv": "exact"}), backward=16.0 * r**3)
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return width_memory(n, 2.0 * float(m or 0), d, mode)  # G_SK, X, the left factor, the pivoting factor F
 
     def __init__(
         self,
@@ -104,7 +121,7 @@ class WildcatAttention(Attention):
                     f"coreset is drawn on the weights' kernel; set attn.tau / attn.center_keys instead"
                 )
 
-    def landmark_count(self, seq_len: int) -> int:
+    def rank_budget(self, seq_len: int) -> int:
         return resolve_num_landmarks(self.num_landmarks, seq_len)
 
     def _coreset(
@@ -127,7 +144,7 @@ class WildcatAttention(Attention):
     ) -> torch.Tensor:
         """out = (Â rhs) / (Â 1) for any right-hand side `v [B, H, N, E]` (E = D in forward, N for Â itself)."""
         n = q.shape[-2]
-        r = self.landmark_count(n)
+        r = self.rank_budget(n)
         if self.num_bins > r:
             raise ValueError(f"attn.num_bins={self.num_bins} exceeds the coreset size r={r}; choose num_bins <= r")
         scale = q.shape[-1] ** -0.25

@@ -16,6 +16,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from models.cost import Flops, Params
+
 
 @dataclass
 class Landmarks:
@@ -85,6 +87,11 @@ class LandmarkSelector(nn.Module):
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         """`mask` is `[B, 1, N]` bool here. Return `m` landmarks."""
         raise NotImplementedError
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        """FLOPs of choosing m landmarks per (batch · head) (`models.cost`); every selector declares it."""
+        raise NotImplementedError(f"selector={cls.name or cls.__name__} declares no FLOP count (`flops`)")
 
 
 def gather_tokens(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from models.cost import Flops, Params, lloyd_flops
 from models.landmarks.base import Landmarks, cluster_means
 from models.landmarks.kmeans import (
     KMeansSettings,
@@ -67,6 +68,17 @@ class ProgressiveKMeansSelector(SeededSelector):
     config = GPAConfig
 
     randomized = False
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        # steady state: assign every token to the codebook (one matmul) + q and k means; the refresh (Lloyd on the
+        # pooled batch, warm-started from the codebook, at its iteration cap: an upper bound) runs once every
+        # `refresh_every` passes and is counted amortised (the first refresh's seeding once, not counted)
+        every = max(1, int(params.get("refresh_every", 50)))
+        its = int(params.get("max_iterations", 100))
+        local = int(params.get("local_iterations", 0))
+        steady = 2.0 * n * m * d + 2.0 * n * d
+        return Flops(0.0, steady + lloyd_flops(n, m, d, its) / every + lloyd_flops(n, m, d, local))
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from models.cost import Flops, Params
 from models.landmarks.base import Landmarks, LandmarkSelector
 from models.landmarks.uniform import token_landmarks
 
@@ -40,6 +41,10 @@ class HashSelector(LandmarkSelector):
     config = HashConfig
 
     token_landmarks = True
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0)  # evenly spaced positions: no arithmetic
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         idx, valid = evenly_spaced(mask, m)

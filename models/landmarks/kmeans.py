@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from models.cost import Flops, Params, lloyd_flops
 from models.landmarks.base import Landmarks, cluster_means, gather_tokens
 from models.landmarks.segment_means import segment_assignment
 from models.landmarks.uniform import SeededSelector, weighted_sample
@@ -284,6 +285,18 @@ def kmeans_landmarks(
     return cluster_landmarks(q, k, mask, fit.assignment, m), fit
 
 
+def seeding_flops(n: int, m: int, d: int, params: Params) -> float:
+    """Greedy k-means++: m steps of 2 + ⌊ln m⌋ candidate distance columns, per restart (segment means: one pass;
+    random tokens: no arithmetic)."""
+    init = params.get("init", "kmeans++")
+    if init == "segment_means":
+        return float(n * d)
+    if init == "random":
+        return 0.0
+    restarts = max(1, int(params.get("restarts", 1)))
+    return restarts * m * (2 + int(math.log(max(m, 1)))) * 2.0 * n * d
+
+
 @dataclass
 class KMeansConfig:
     name: str = "kmeans"
@@ -300,6 +313,15 @@ class KMeansSelector(SeededSelector):
     config = KMeansConfig
 
     randomized = False  # data-driven: the seeding follows the data
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        # seeding, Lloyd iterations at their cap (an upper bound: Lloyd stops once every sequence/head converged),
+        # per restart, the final assignment, then q and k means over the clusters
+        its = int(params.get("max_iterations", 100))
+        restarts = 1 if params.get("init", "kmeans++") == "segment_means" else max(1, int(params.get("restarts", 1)))
+        work = seeding_flops(n, m, d, params) + restarts * lloyd_flops(n, m, d, its) + 2.0 * n * m * d + 2.0 * n * d
+        return Flops(0.0, work)
 
     def __init__(
         self,

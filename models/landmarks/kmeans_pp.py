@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from models.cost import Flops, Params
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32, kmeanspp_indices
 from models.landmarks.uniform import SeededSelector, token_landmarks
@@ -28,6 +29,10 @@ class KMeansPPSelector(SeededSelector):
 
     token_landmarks = True
     randomized = False  # data-driven: D² sampling follows the data
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0, 2.0 * n * m * d)  # m D²-sampling steps, one distance column each
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         b, h = q.shape[:2]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from models.cost import Flops, Params, sketch_rows
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32
 from models.landmarks.pivoted_qr import sketch_rows_softmax, sketch_size
@@ -47,6 +48,12 @@ class LeverageSelector(SeededSelector):
 
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        ell = sketch_rows(m, n, params)
+        # sketch rows, Gram A_S A_Sᵀ, Cholesky, solve against A_S, column-wise dot products
+        return Flops(0.0, 2.0 * ell * n * d + 2.0 * ell * ell * n + ell**3 / 3 + 2.0 * ell * ell * n + 2.0 * ell * n)
 
     def __init__(self, ridge: float = 1.0, sketch_rows: int = 0, seed: int = 0) -> None:
         super().__init__(seed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from models.cost import Flops, Params
 from models.landmarks.base import Landmarks, LandmarkSelector, cluster_means
 
 
@@ -32,6 +33,10 @@ class SegmentMeansConfig:
 class SegmentMeans(LandmarkSelector):
     name = "segment_means"
     config = SegmentMeansConfig
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0, 2.0 * n * d)  # one add per element of q and of k (its backward is as many adds again)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         assignment = segment_assignment(mask, m).expand(q.shape[:3])

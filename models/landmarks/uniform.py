@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from models.cost import Flops, Params
 from models.landmarks.base import Landmarks, LandmarkSelector, gather_tokens
 
 #: added to `seed` for the eval-mode generator, so eval draws differ from the first training draws
@@ -103,6 +104,10 @@ class UniformSelector(SeededSelector):
     config = UniformConfig
 
     token_landmarks = True
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0)  # a draw: no arithmetic
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         idx, valid = sample_real_tokens(self, mask, q.shape[1], m)
