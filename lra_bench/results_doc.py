@@ -45,7 +45,7 @@ def _rows(bench: dict[str, Any], label_prefix: str, mode: str = "forward_backwar
 
 
 def efficiency_claims(bench: dict[str, Any]) -> list[str]:
-    """methods.md's efficiency claims, checked on the bench numbers (forward + backward), with verdicts."""
+    """The methods' efficiency claims, checked on the bench numbers (forward + backward), with verdicts."""
     out = []
     ok = [r for r in bench["rows"] if r["mode"] == "forward_backward" and r["status"] == "ok"]
     idx = {(r["label"], r["n"]): r for r in ok}
@@ -163,7 +163,7 @@ def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str
             f"torch threads {bench['threads']}, device `{bench['device']}`, git `{bench['env']['git_commit']}`."
         )
         out.append("")
-        out.append("### The issue's targets (CPU, forward + backward)")
+        out.append("### Targets (CPU, forward + backward)")
         out.append("")
         out.append("| target | threshold | verdict | detail |")
         out.append("|---|---|---|---|")
@@ -187,7 +187,7 @@ def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str
                     f"| `{p['label']}` (n={p['n']}) | {p['total_ms_per_call']:.0f} | " + " | ".join(cells) + " |"
                 )
     out.append("")
-    out.append("### The claims of methods.md")
+    out.append("### The methods' claims")
     out.append("")
     if approx:
         for v in approx["summary"]["verdicts"]:

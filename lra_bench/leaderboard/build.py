@@ -1,6 +1,6 @@
 """`python -m lra_bench.leaderboard DIR... [--out OUTDIR]`: one table from every `results.json` below DIRs.
 
-Reads only result records (DESIGN §4), so it works offline, on any cluster filesystem, and on a sweep that
+Reads only result records, so it works offline, on any cluster filesystem, and on a sweep that
 is still running. Writes `leaderboard.md`, `leaderboard.csv` (one row per group), `leaderboard_wide.csv`
 (one row per method, ours and published), `leaderboard_<task>.png` and the speed–accuracy–memory bubble
 charts `leaderboard_pareto_<protocol>_<task|avg5>.png` (`pareto`); `--wandb` also logs them to a W&B run

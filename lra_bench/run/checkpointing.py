@@ -1,6 +1,6 @@
 """Checkpoints for long, preemptible runs: what is saved when, how a resume picks its file, and who requeues.
 
-Why this module exists (DESIGN §6, issue 6):
+Why this module exists:
 
 * `last.ckpt` is ours, not Lightning's. Since Lightning 2.6, `ModelCheckpoint(save_last=True)` writes `last.ckpt`
   only when it also wrote a top-k file at that step, so the final state of a run (and most periodic states) never

@@ -11,7 +11,7 @@ was measured:
   or the reverse), and a bootstrap interval over test examples. It covers the test-set noise only: it says
   whether *these two trained models* differ, not whether the methods do.
 * **The hierarchical bootstrap** (resample seeds, then examples within each seed) is reported beside, whenever
-  every pair has per-example outputs: the interval the issue asks for. With few seeds it understates the seed
+  every pair has per-example outputs: the hierarchical bootstrap interval. With few seeds it understates the seed
   variance, so it never overrides the test.
 
 Example resampling is exact and cheap: the paired difference of one resampled test set depends only on how many

@@ -2,8 +2,9 @@
 
 Source idea (arXiv 2607.26863, no code): greedy pivoted QR picks keys J (|J| ≤ r_max, stopping at
 τ·‖A‖_F); C = A[:, J]; T = (CᵀC + λI)⁻¹ CᵀA; output C (T V) in place of AV. CᵀA V needs AV — the exact
-output — so T is fitted on a row sketch S of ℓ query rows, whose rows of A are exact and cheap
-(reference/algorithms.md §6.2):  T V = (C_SᵀC_S + λI)⁻¹ C_Sᵀ (A_S V).
+output — so T is fitted on a row sketch S of ℓ query rows, whose rows of A are exact and cheap (sketched least
+squares, e.g. Woodruff, "Sketching as a Tool for Numerical Linear Algebra", 2014, §2):
+T V = (C_SᵀC_S + λI)⁻¹ C_Sᵀ (A_S V).
 
 Exact columns A[:, J] = exp(q_i·k_J − lse_i) need every row's log-sum-exp over all keys. Two modes:
 

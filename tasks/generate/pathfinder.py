@@ -2,8 +2,8 @@
 
 Why our own: the public generator (``snakes2.py``) is unseeded, needs the long-gone ``scipy.misc`` and is
 slow, and the LRA release archive may be unobtainable. This module re-implements the published algorithm
-(``/work/shared/reference/data.md`` §5) so Pathfinder and Path-X data can be regenerated offline and
-reproducibly, in the official ``lra_release`` layout::
+(``snakes2.py``/``snakes.py`` of drewlinsley/pathfinder@7b538865) so Pathfinder and Path-X data can be
+regenerated offline and reproducibly, in the official ``lra_release`` layout::
 
     OUT/pathfinder{res}/{difficulty_dir}/imgs/<k>/sample_<i>.png     8-bit grayscale (mode L), res x res
     OUT/pathfinder{res}/{difficulty_dir}/metadata/<k>.npy            one row per image, 11 fields
