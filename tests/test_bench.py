@@ -262,7 +262,8 @@ def test_target_verdicts_from_rows() -> None:
         rows.append(row("gpa/y/m=64", "gpa", n, 2e-4 * n, 64))
     targets = dict(
         mode="forward_backward", speedup_vs_full={8192: 10},
-        time_ratio_at_equal_m={"pair": ["gpa", "nystrom"], "max": 1.25}, loglog_slope_max=1.1, slope_range=[1024, 16384], matmul_rate_fraction_min=0.5, rate_n=16384,
+        time_ratio_at_equal_m={"pair": ["gpa", "nystrom"], "max": 1.25}, loglog_slope_max=1.1,
+        slope_range=[1024, 16384], matmul_rate_fraction_min=0.5, rate_n=16384,
     )  # fmt: skip
     settings = {"targets": targets}
     summary = summarize_bench(rows, settings)

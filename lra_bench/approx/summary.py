@@ -1,4 +1,4 @@
-"""From per-(instance, seed, method, solve, m) rows to the numbers that answer the methods' claims, as computed verdicts.
+"""From per-(instance, seed, method, solve, m) rows to the numbers that answer the methods' claims, as verdicts.
 
 Rules every summary here follows (they are what make the comparisons fair):
 
