@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast test-full demo lint format data bench approx results clean
+.PHONY: help install test test-fast demo lint format data bench approx results clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'

@@ -1,48 +1,65 @@
-"""No NaN/Inf in outputs or gradients, for every attention × selector, in the cases that break landmark methods:
-sequences shorter than m, one real token, duplicated tokens (singular cores), bf16 autocast, half precision,
-and large-norm queries and keys."""
+"""`models/attention/numerics.py` itself: the masked softmax, the fp32 core context and the pseudo-inverses, each
+against torch's own dense computation (the robustness of every attention in hard cases is in
+test_finite_outputs.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.test_landmark_attention import IDS, PAIRS, B, D, H, make
-
-N = 16
-CASES = ("shorter_than_m", "one_real_token", "duplicated_tokens", "bf16_autocast", "half", "large_norm")
+from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv, masked_softmax, stable_pinv
 
 
-def case_inputs(case: str) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.dtype]:
+def test_masked_softmax_gives_masked_keys_exactly_zero_and_matches_softmax_on_the_rest() -> None:
     g = torch.Generator().manual_seed(0)
-    n = 4 if case == "shorter_than_m" else N
-    q, k, v = (torch.randn(B, H, n, D, generator=g) for _ in range(3))
-    mask = torch.ones(B, n, dtype=torch.bool)
-    if case == "one_real_token":
-        mask[1, 1:] = False
-    if case == "duplicated_tokens":
-        q, k, v = (t[:, :, :1].expand(B, H, n, D).contiguous() for t in (q, k, v))
-    if case == "large_norm":
-        q, k = 100 * q, 100 * k
-    dtype = torch.float16 if case == "half" else torch.float32
-    return [t.to(dtype).requires_grad_(True) for t in (q, k, v)], mask, dtype
+    scores = torch.randn(3, 5, generator=g) * 10
+    valid = torch.tensor([[1, 1, 0, 1, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    got = masked_softmax(scores, valid)
+    assert (got[~valid] == 0).all(), "a masked key got weight"
+    for row in range(2):
+        ref = torch.softmax(scores[row][valid[row]], dim=-1)
+        torch.testing.assert_close(got[row][valid[row]], ref)
+    assert (got[2] == 0).all() and torch.isfinite(got).all(), "an all-masked row must be zeros, not NaN"
+    torch.testing.assert_close(masked_softmax(scores, None), torch.softmax(scores, -1))
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize(("attn", "selector"), PAIRS, ids=IDS)
-def test_finite_outputs_and_gradients(attn: str, selector: str | None, case: str) -> None:
-    module = make(attn, selector, seq_len=N)  # m = 6 landmarks / small feature counts
-    (q, k, v), mask, dtype = case_inputs(case)
-    if dtype != torch.float32:
-        module = module.to(dtype)
-    vm = v * mask[:, None, :, None].to(v.dtype)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "bf16_autocast"):
-        out = module(q, k, vm, mask)
-    assert torch.isfinite(out).all(), f"non-finite output ({case})"
-    (out.float() * mask[:, None, :, None]).pow(2).mean().backward()
-    for name, t in zip("qkv", (q, k, v)):
-        assert t.grad is not None and torch.isfinite(t.grad).all(), f"non-finite {name}.grad ({case})"
-    module.eval()
-    with torch.no_grad():
-        mat = module.implied_matrix(q.detach(), k.detach(), mask)
-    assert torch.isfinite(mat).all(), f"non-finite implied matrix ({case})"
+def test_iterative_pinv_converges_to_the_inverse_and_per_matrix_init_decouples_the_batch() -> None:
+    g = torch.Generator().manual_seed(0)
+    a = torch.softmax(torch.randn(2, 8, 8, generator=g), dim=-1)  # a softmax core: rows sum to 1
+    inv = torch.linalg.inv(a.double()).float()
+    errors = [float((iterative_pinv(a, it) - inv).norm() / inv.norm()) for it in (2, 6, 20)]
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-4, errors
+    scaled = torch.stack([a[0], 50 * a[1]])  # the second matrix's norms dominate a batch-wide init
+    per_matrix = iterative_pinv(scaled, 6, "per_matrix")
+    torch.testing.assert_close(per_matrix[0], iterative_pinv(a[:1], 6, "per_matrix")[0])
+    original = iterative_pinv(scaled, 6, "original")
+    assert not torch.allclose(original[0], iterative_pinv(a[:1], 6, "original")[0]), "original init is batch-wide"
+    with pytest.raises(ValueError, match="pinv_init"):
+        iterative_pinv(a, 6, "nope")
+
+
+def test_pinvs_agree_with_torch_and_cut_what_they_say() -> None:
+    g = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=torch.float64))
+    a = u @ torch.diag(torch.tensor([1.0, 0.5, 0.1, 1e-3, 1e-5, 1e-12], dtype=torch.float64)) @ u.T
+    torch.testing.assert_close(exact_pinv(a), torch.linalg.pinv(a.float(), rtol=1e-4))  # fp32, cut at 1e-4·σ₁
+    assert exact_pinv(a).dtype == torch.float32
+    assert float(torch.linalg.svdvals(exact_pinv(a).double())[0]) == pytest.approx(1e3, rel=1e-2)  # 1e-5 cut
+    stable = stable_pinv(a)  # fp64 in, fp64 out, rounding-level cut max(m, n)·eps·σ₁ ≈ 1.3e-15: keeps all six
+    assert stable.dtype == torch.float64
+    torch.testing.assert_close(stable, torch.linalg.pinv(a))
+    single = stable_pinv(a.float())  # fp32: the cut ≈ 7e-7·σ₁ keeps 1e-5 and drops 1e-12
+    assert single.dtype == torch.float32
+    inverted = torch.linalg.svdvals(single.double())[:5]
+    torch.testing.assert_close(
+        inverted, torch.tensor([1e5, 1e3, 10.0, 2.0, 1.0], dtype=torch.float64), rtol=1e-2, atol=0
+    )
+    assert torch.linalg.svdvals(single.double())[5] < 1e-2, "the 1e-12 direction must be cut, not inverted to 1e12"
+
+
+def test_fp32_core_computes_in_fp32_under_bf16_autocast() -> None:
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (a @ b).dtype == torch.bfloat16
+        with fp32_core(a.device):
+            assert (a @ b).dtype == torch.float32
