@@ -128,4 +128,24 @@ def kill_at_checkpoint(
     return proc
 
 
+def run_record(run_dir: Path) -> dict:
+    """The `results.json` of a run dir."""
+    import json
+
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a run dir's `checkpoints/last.ckpt` state dict."""
+    sd = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+def max_weight_difference(a: Path, b: Path) -> float:
+    """The largest absolute difference between two run dirs' last.ckpt tensors (same names required)."""
+    wa, wb = last_weights(a), last_weights(b)
+    assert wa.keys() == wb.keys()
+    return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
+
+
 from tests.conftest_slurm import local_slurm  # noqa: E402,F401  (session fixture: a real single-node SLURM cluster)

@@ -194,16 +194,16 @@ def test_peak_memory_probe_sees_an_allocation() -> None:
 
 
 def test_flops_table() -> None:
-    from lra_bench.bench.costs import attention_flops, extrapolate_memory
+    from lra_bench.bench.costs import Point, attention_flops, extrapolate_memory
     from lra_bench.registry import UnknownComponent
     from models.cost import Flops
 
-    f = attention_flops("full", batch=2, heads=3, n=100, m=None, d=8)
+    f = attention_flops(Point("full", batch=2, heads=3, n=100, m=None, d=8))
     assert f is not None and f.forward == 4 * 2 * 3 * 100 * 100 * 8 and f.forward_backward == 3 * f.forward
     with pytest.raises(UnknownComponent):  # a typo is an error, not an "uncounted" method
-        attention_flops("no_such_attention", batch=1, heads=1, n=8, m=None, d=8)
+        attention_flops(Point("no_such_attention", batch=1, heads=1, n=8, m=None, d=8))
     nys = attention_flops(
-        "nystrom", batch=1, heads=1, n=1024, m=64, d=32, params={"conv_kernel": 0}, selector="uniform"
+        Point("nystrom", batch=1, heads=1, n=1024, m=64, d=32, params={"conv_kernel": 0}, selector="uniform")
     )
     assert nys is not None and nys.forward > 8 * 1024 * 64 * 32
     assert (Flops(1.0, 2.0) + Flops(3.0)).forward_backward == 4.0 + 2.0 + 8.0
@@ -213,7 +213,7 @@ def test_flops_table() -> None:
 
 def test_flops_agree_with_flop_counter_for_plain_matmul_methods() -> None:
     """For a method built only of matmuls the hand count equals torch's FlopCounterMode."""
-    from lra_bench.bench.costs import attention_flops
+    from lra_bench.bench.costs import Point, attention_flops
     from lra_bench.bench.worker import count_flops
     from lra_bench.registry import build_attention, build_selector
 
@@ -229,7 +229,9 @@ def test_flops_agree_with_flop_counter_for_plain_matmul_methods() -> None:
     )
     q, k, v, g = (torch.randn(1, 2, n, d, requires_grad=True) for _ in range(4))
     counted = count_flops(att, "forward", q, k, v, None, g)
-    hand = attention_flops("nystrom", batch=1, heads=2, n=n, m=m, d=d, params={"conv_kernel": 0}, selector="uniform")
+    hand = attention_flops(
+        Point("nystrom", batch=1, heads=2, n=n, m=m, d=d, params={"conv_kernel": 0}, selector="uniform")
+    )
     assert hand is not None and counted == pytest.approx(hand.forward, rel=1e-6)
 
 

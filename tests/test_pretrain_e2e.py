@@ -3,14 +3,19 @@ resuming after SIGKILL in either stage to exactly the weights (and pretraining c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from lra_bench.record.identity import config_identity, fingerprint
-from tests.conftest import TINY_LISTOPS, checkpoint_step, kill_at_checkpoint, run_cli
+from tests.conftest import (
+    TINY_LISTOPS,
+    checkpoint_step,
+    kill_at_checkpoint,
+    max_weight_difference,
+    run_cli,
+    run_record,
+)
 
 SPT_ARGS = [
     *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval"))],
@@ -25,21 +30,6 @@ SPT_ARGS = [
 ]
 
 
-def _record(path: Path) -> dict:
-    return json.loads((path / "results.json").read_text())
-
-
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    sd = torch.load(path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
-
-
-def _same_weights(a: Path, b: Path) -> float:
-    wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys()
-    return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("spt-e2e")
@@ -51,7 +41,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.mark.timeout(600)
 def test_one_command_pretrains_then_finetunes_and_links_the_records(straight: tuple[Path, Path]) -> None:
     root, job = straight
-    pre, fine = _record(job / "pretrain"), _record(job / "finetune")
+    pre, fine = run_record(job / "pretrain"), run_record(job / "finetune")
     assert (pre["status"], pre["stage"], pre["pretraining"]) == ("completed", "pretrain", "mlm")
     assert (fine["status"], fine["stage"], fine["pretraining"]) == ("completed", "supervised", "mlm")
     assert pre["metrics"]["train_steps"] == 12 and fine["metrics"]["train_steps"] == 12
@@ -65,8 +55,8 @@ def test_one_command_pretrains_then_finetunes_and_links_the_records(straight: tu
     started = pre["run"]["started_at"]
     proc = run_cli([*SPT_ARGS, "run_name=straight"], root)  # the same command again
     assert "pretraining stage already completed" in proc.stdout
-    assert _record(job / "pretrain")["run"]["started_at"] == started  # not rerun, not even resumed
-    again = _record(job / "finetune")
+    assert run_record(job / "pretrain")["run"]["started_at"] == started  # not rerun, not even resumed
+    again = run_record(job / "finetune")
     assert again["run"]["resumed_from_step"] == 12 and again["metrics"]["test_acc"] == fine["metrics"]["test_acc"]
 
     proc = run_cli([*SPT_ARGS, "run_name=straight", "spt.mask_ratio=0.3"], root, check=False)
@@ -86,18 +76,18 @@ def test_sigkill_in_either_stage_then_same_command_matches_an_uninterrupted_run(
     job = root / "outputs" / "listops" / "full" / name
     last = job / stage / "checkpoints" / "last.ckpt"
     kill_at_checkpoint(args, root, last, kill_at, root / f"{name}-first-attempt.log", timeout_s=400)
-    assert _record(job / stage)["status"] == "running" and checkpoint_step(last) == kill_at
+    assert run_record(job / stage)["status"] == "running" and checkpoint_step(last) == kill_at
 
     proc = run_cli(args, root)  # the same command again
     if stage == "finetune":
         assert "pretraining stage already completed" in proc.stdout
-    assert _record(job / stage)["run"]["resumed_from_step"] == kill_at
+    assert run_record(job / stage)["run"]["resumed_from_step"] == kill_at
     for part in ("pretrain", "finetune"):
-        got, want = _record(job / part), _record(reference / part)
+        got, want = run_record(job / part), run_record(reference / part)
         assert got["status"] == "completed"
         assert got["metrics"]["train_steps"] == want["metrics"]["train_steps"] == 12
-        diff = _same_weights(job / part, reference / part)
+        diff = max_weight_difference(job / part, reference / part)
         assert diff == 0.0, f"{part}: final weights differ by up to {diff:g} after a kill in the {stage} stage"
         for key in ("val_acc", "test_acc", "best_step"):
             assert got["metrics"][key] == want["metrics"][key], (part, key)
-    assert _record(job / "pretrain")["pretrain"]["curve"] == _record(reference / "pretrain")["pretrain"]["curve"]
+    assert run_record(job / "pretrain")["pretrain"]["curve"] == run_record(reference / "pretrain")["pretrain"]["curve"]

@@ -8,7 +8,6 @@ position, the position being `global_step` restored by Lightning), the dropout R
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
@@ -17,7 +16,14 @@ import pytest
 import torch
 
 from tasks.base import ResumableSampler
-from tests.conftest import TINY_LISTOPS, checkpoint_step, kill_at_checkpoint, run_cli
+from tests.conftest import (
+    TINY_LISTOPS,
+    checkpoint_step,
+    kill_at_checkpoint,
+    max_weight_difference,
+    run_cli,
+    run_record,
+)
 
 
 class _Sized(torch.utils.data.Dataset):
@@ -89,21 +95,12 @@ RESUME_ARGS = [
 ]
 
 
-def _record(out: Path) -> dict:
-    return json.loads((out / "results.json").read_text())
-
-
-def _weights(out: Path) -> dict[str, torch.Tensor]:
-    sd = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
-
-
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """The uninterrupted reference run (shared by the kill tests)."""
     root = tmp_path_factory.mktemp("resume")
     run_cli([*RESUME_ARGS, "run_name=straight"], root)
-    return root, _record(root / "outputs" / "listops" / "nystrom" / "straight")
+    return root, run_record(root / "outputs" / "listops" / "nystrom" / "straight")
 
 
 @pytest.mark.slow
@@ -123,18 +120,16 @@ def test_sigkill_then_same_command_matches_an_uninterrupted_run(
     last = killed / "checkpoints" / "last.ckpt"
     proc = kill_at_checkpoint(killed_args, root, last, kill_at, root / f"{name}-first-attempt.log")
     assert proc.returncode == -signal.SIGKILL
-    assert _record(killed)["status"] == "running"  # SIGKILL: nothing could record the end
+    assert run_record(killed)["status"] == "running"  # SIGKILL: nothing could record the end
     assert checkpoint_step(last) == kill_at, f"meant to resume from the checkpoint saved {saved_by}"
 
     run_cli(killed_args, root)  # the same command again
-    resumed = _record(killed)
+    resumed = run_record(killed)
     assert resumed["status"] == "completed" and resumed["run"]["resumed_from_step"] == kill_at
     for key in ("val_acc", "test_acc", "train_steps", "best_step"):
         assert resumed["metrics"][key] == reference["metrics"][key], key
     assert resumed["metrics"]["train_steps"] == 24
-    wa, wb = _weights(base / "straight"), _weights(killed)
-    assert wa.keys() == wb.keys()
-    diff = max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
+    diff = max_weight_difference(base / "straight", killed)
     assert diff == 0.0, f"final weights differ by up to {diff:g} (resumed from the checkpoint saved {saved_by})"
 
 
@@ -146,6 +141,6 @@ def test_rerunning_a_finished_run_reports_the_same_numbers(straight_run: tuple[P
     before = path.read_bytes()
     proc = run_cli([*RESUME_ARGS, "run_name=straight"], root)
     assert "already completed" in proc.stdout and path.read_bytes() == before  # left as it was, not re-tested
-    again = _record(root / "outputs" / "listops" / "nystrom" / "straight")
+    again = run_record(root / "outputs" / "listops" / "nystrom" / "straight")
     keys = ("val_acc", "test_acc", "train_steps", "best_step", "step_time_median_s", "peak_memory_mib")
     assert {k: again["metrics"][k] for k in keys} == {k: reference["metrics"][k] for k in keys}

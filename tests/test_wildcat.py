@@ -162,7 +162,7 @@ def test_configuration_errors_are_one_clear_line() -> None:
 def test_hand_flops_match_the_flop_counter() -> None:
     """Every product the hand count names is one torch sees, forward and backward (the r×r pseudo-inverse's SVD is
     invisible to torch's counter: the hand count carries it as an estimate, subtracted here)."""
-    from lra_bench.bench.costs import attention_flops
+    from lra_bench.bench.costs import Point, attention_flops
     from lra_bench.bench.worker import count_flops
     from models.cost import pinv_flops
 
@@ -171,7 +171,7 @@ def test_hand_flops_match_the_flop_counter() -> None:
         "wildcat", head_dim=d, num_heads=2, seq_len=n, selector=build_selector("rpcholesky"), num_landmarks=r
     )
     q, k, v, g = (torch.randn(1, 2, n, d, requires_grad=True) for _ in range(4))
-    hand = attention_flops("wildcat", batch=1, heads=2, n=n, m=r, d=d, selector="rpcholesky")
+    hand = attention_flops(Point("wildcat", batch=1, heads=2, n=n, m=r, d=d, selector="rpcholesky"))
     assert hand is not None
     for mode in ("forward", "forward_backward"):
         counted = count_flops(module, mode, q, k, v, None, g)

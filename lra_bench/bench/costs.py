@@ -9,6 +9,7 @@ report) and is caught by the registry test — never silently by a missing table
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from lra_bench.bench.references import REFERENCES, SDPAReference
@@ -18,55 +19,63 @@ from models.cost import Flops
 Params = dict[str, Any]
 
 
-def attention_flops(
-    name: str,
-    *,
-    batch: int,
-    heads: int,
-    n: int,
-    m: int | None,
-    d: int,
-    params: Params | None = None,
-    selector: str | None = None,
-    selector_params: Params | None = None,
-) -> Flops | None:
+@dataclass(frozen=True)
+class Point:
+    """One benchmark configuration at one length: what the cost models are asked about."""
+
+    attn: str
+    batch: int
+    heads: int
+    n: int
+    m: int | None
+    d: int
+    params: Params = field(default_factory=dict)
+    selector: str | None = None
+    selector_params: Params = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> Point:
+        """From a sweep's spec (`lra_bench.bench.sweep.spec_for`)."""
+        return cls(
+            attn=spec["attn"],
+            batch=spec["B"],
+            heads=spec["H"],
+            n=spec["n"],
+            m=spec["m_value"],
+            d=spec["d"],
+            params=spec.get("attn_params") or {},
+            selector=spec.get("selector"),
+            selector_params=spec.get("selector_params") or {},
+        )
+
+
+def attention_flops(p: Point) -> Flops | None:
     """Total FLOPs of one call (attention + its selector) for the batch, or None when either declares none."""
     try:
-        if name in REFERENCES:
-            total = SDPAReference.flops(n, m, d, params or {})
+        if p.attn in REFERENCES:
+            total = SDPAReference.flops(p.n, p.m, p.d, p.params)
         else:
-            total = ATTENTIONS.get(name).flops(n, m, d, params or {})
-        if selector is not None:
-            if m is None:
+            total = ATTENTIONS.get(p.attn).flops(p.n, p.m, p.d, p.params)
+        if p.selector is not None:
+            if p.m is None:
                 return None
-            total = total + SELECTORS.get(selector).flops(n, int(m), d, selector_params or {})
+            total = total + SELECTORS.get(p.selector).flops(p.n, int(p.m), p.d, p.selector_params)
     except NotImplementedError:
         return None
-    return total.scaled(batch * heads)
+    return total.scaled(p.batch * p.heads)
 
 
-def memory_estimate(
-    name: str,
-    *,
-    batch: int,
-    heads: int,
-    n: int,
-    m: int | None,
-    d: int,
-    mode: str,
-    params: Params | None = None,
-    itemsize: int = 4,
-) -> float | None:
+def memory_estimate(p: Point, mode: str, itemsize: int = 4) -> float | None:
     """Estimated peak bytes of one call beyond its inputs, or None when the attention declares no estimate (the
     sweep then extrapolates from its own measured smaller-n peaks)."""
     try:
-        if name in REFERENCES:
-            elements = SDPAReference.memory_of(name, n, d, mode)
+        if p.attn in REFERENCES:
+            elements = SDPAReference.memory_of(p.attn, p.n, p.d, mode)
         else:
-            elements = ATTENTIONS.get(name).memory(n, m, d, mode, params or {})
+            elements = ATTENTIONS.get(p.attn).memory(p.n, p.m, p.d, mode, p.params)
     except NotImplementedError:
         return None
-    return elements * batch * heads * itemsize
+    return elements * p.batch * p.heads * itemsize
 
 
 def extrapolate_memory(history: list[tuple[int, float]], n: int) -> float | None:

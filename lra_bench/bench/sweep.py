@@ -104,17 +104,7 @@ def estimate_bytes(spec: dict[str, Any], mode: str, history: list[tuple[int, flo
     itemsize = torch.empty((), dtype=getattr(torch, spec["dtype"])).element_size()
     b, h, n, d = spec["B"], spec["H"], spec["n"], spec["d"]
     inputs = (4 + (3 if mode != "forward" else 0)) * b * h * n * d * itemsize
-    est = costs.memory_estimate(
-        spec["attn"],
-        batch=b,
-        heads=h,
-        n=n,
-        m=spec["m_value"],
-        d=d,
-        mode=mode,
-        params=spec["attn_params"],
-        itemsize=itemsize,
-    )
+    est = costs.memory_estimate(costs.Point.of(spec), mode, itemsize)
     if est is not None:
         return est + inputs, "formula"
     est = costs.extrapolate_memory(history, n)
@@ -124,17 +114,7 @@ def estimate_bytes(spec: dict[str, Any], mode: str, history: list[tuple[int, flo
 
 
 def attach_costs(row: dict[str, Any], spec: dict[str, Any], mode: str, matmul_rate: float | None) -> None:
-    flops = costs.attention_flops(
-        spec["attn"],
-        batch=spec["B"],
-        heads=spec["H"],
-        n=spec["n"],
-        m=spec["m_value"],
-        d=spec["d"],
-        params=spec["attn_params"],
-        selector=spec["selector"],
-        selector_params=spec["selector_params"],
-    )
+    flops = costs.attention_flops(costs.Point.of(spec))
     row["flops"] = None if flops is None else flops.for_mode(mode)
     t = row.get("time_median_s")
     row["achieved_flops_per_s"] = row["flops"] / t if row["flops"] and t else None

@@ -14,16 +14,14 @@ from typing import Any
 from lra_bench.leaderboard import uncertainty
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
 
+#: what sets an experiment apart within one method's cell (group and wide rows alike)
+EXPERIMENT_COLUMNS = ("rank_budget", "variant", "conformance", "off_protocol", "deviations")
 GROUP_COLUMNS = (
     "protocol",
     "task",
     "attn",
     "selector",
-    "rank_budget",
-    "variant",
-    "conformance",
-    "off_protocol",
-    "deviations",
+    *EXPERIMENT_COLUMNS,
     "fingerprint",
     "pretraining",
     "n",
@@ -46,11 +44,7 @@ WIDE_COLUMNS = (
     "method",
     "attn",
     "selector",
-    "rank_budget",
-    "variant",
-    "conformance",
-    "off_protocol",
-    "deviations",
+    *EXPERIMENT_COLUMNS,
     "pretraining",
     *TASKS,
     *(f"{t}_std" for t in TASKS),

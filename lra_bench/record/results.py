@@ -18,7 +18,7 @@ Schema (version 2) — every key is always present; unknown values are null:
     deviations      {dotted.key: {"protocol": value, "run": value}} | null   the changed values
     evaluation      {checkpoint, checkpoint_step, checkpoint_fingerprint} | null   (status evaluated only)
     predictions     str | null          file name of the per-example test outputs beside this record
-    stage           "train" | "pretrain"                 (self-pretraining: see lra_bench.run.pretrain)
+    stage           "supervised" | "pretrain"            (self-pretraining: see lra_bench.run.pretrain)
     pretraining     "none" | "mlm" | "causal"            what the encoder was pretrained with before this run
     pretrained      {path, fingerprint, family_fingerprint, objective, mask_ratio, steps, …} | null
     pretrain        {objective, mask_ratio, mask_id, loss, holdout_fraction, curve, best_val_acc, final} | null
@@ -98,7 +98,7 @@ def empty_record() -> dict[str, Any]:
         "deviations": None,
         "evaluation": None,
         "predictions": None,
-        "stage": "train",
+        "stage": "supervised",
         "pretraining": "none",
         "pretrained": None,
         "pretrain": None,
@@ -138,7 +138,7 @@ def read_record(path: Path) -> dict[str, Any]:
     if record["schema_version"] == 1:
         for key in V2_KEYS:
             record.setdefault(key, None)
-        record.setdefault("stage", "train")
+        record.setdefault("stage", "supervised")
         record.setdefault("pretraining", "none")
         record.setdefault("pretrained", None)
         record.setdefault("pretrain", None)

@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from models.cost import Flops, Params
+from models.cost import Flops, Params, width_memory
 
 
 class Attention(nn.Module):
@@ -34,6 +34,8 @@ class Attention(nn.Module):
     needs_token_landmarks: ClassVar[bool] = False
     #: the config field that holds the rank budget (landmarks, projection rows, features); None = no budget
     rank_knob: ClassVar[str | None] = None
+    #: how many n × m tensors a call keeps alive, in units of the rank budget m (the default memory estimate)
+    memory_width: ClassVar[float] = 1.0
     #: the `attn=` option name; a class with its own `name` is discovered by `lra_bench.registry`
     name: ClassVar[str] = ""
     #: the config dataclass: its fields are the constructor's keyword arguments (plus `name`)
@@ -66,6 +68,10 @@ class Attention(nn.Module):
         projection rows; the diagnostics' Eckart–Young budget); None = no low-rank budget (exact attention)."""
         return None
 
+    def extra_diagnostics(self) -> dict[str, float]:
+        """Scalars a variant reports about its last forward (e.g. the rank kept); empty by default."""
+        return {}
+
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
         """FLOPs of one call per (batch · head) at n tokens, rank budget m, head dim d, with the config values
@@ -75,9 +81,9 @@ class Attention(nn.Module):
     @classmethod
     def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
         """Elements one call needs beyond its inputs per (batch · head), `mode` forward | forward_backward: an
-        estimate that errs high (the benchmark skips what would not fit)."""
-        raise NotImplementedError(f"attn={cls.name or cls.__name__} declares no memory estimate (`memory`)")
-
-    def extra_diagnostics(self) -> dict[str, float]:
-        """Scalars a variant reports about its last forward (e.g. the rank kept); empty by default."""
-        return {}
+        estimate that errs high (the benchmark skips what would not fit). By default, for an attention with a rank
+        knob, a few n × (`memory_width` · m) tensors (`models.cost.width_memory`); others declare their own."""
+        if cls.rank_knob is None:
+            raise NotImplementedError(f"attn={cls.name or cls.__name__} declares no memory estimate (`memory`)")
+        width = m if m is not None else params.get(cls.rank_knob)
+        return width_memory(n, cls.memory_width * float(width or 0), d, mode)

@@ -43,14 +43,6 @@ class FullAttention(Attention):
     config = FullConfig
     supports_causal = True
 
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        return Flops(4.0 * n * n * d)  # QKᵀ and AV
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return fused_memory(n, d, mode)  # SDPA: flash / memory-efficient kernels, never n²
-
     def __init__(self, head_dim: int, num_heads: int, seq_len: int, dropout: float = 0.0) -> None:
         super().__init__(head_dim, num_heads, seq_len)
         self.dropout = dropout
@@ -71,3 +63,11 @@ class FullAttention(Attention):
         if mask is not None:
             weights = weights * mask[:, None, :, None]
         return weights
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        return Flops(4.0 * n * n * d)  # QKᵀ and AV
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return fused_memory(n, d, mode)  # SDPA: flash / memory-efficient kernels, never n²

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.attention.nystrom import NystromAttention
-from models.landmarks.base import LandmarkSelector, resolve_num_landmarks
+from models.landmarks.base import resolve_num_landmarks
 
 
 @dataclass
@@ -41,24 +41,11 @@ class GPAAttention(NystromAttention):
     name = "gpa"
     config = GPAConfig
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        num_landmarks: int | str = "log2",
-        pinv: str = "iterative",
-        pinv_iterations: int = 6,
-        pinv_init: str = "per_matrix",
-        conv_kernel: int = 35,
-    ) -> None:
-        super().__init__(
-            head_dim, num_heads, seq_len, selector, num_landmarks, pinv, pinv_iterations, pinv_init, conv_kernel
-        )
-        bind = getattr(selector, "bind", None)
+    def __init__(self, *, num_landmarks: int | str = "log2", **nystrom: Any) -> None:
+        super().__init__(num_landmarks=num_landmarks, **nystrom)
+        bind = getattr(self.selector, "bind", None)
         if callable(bind):  # a progressive codebook: fixed size for the configured length, allocated now
-            bind(num_heads, head_dim, resolve_num_landmarks(num_landmarks, seq_len))
+            bind(self.num_heads, self.head_dim, resolve_num_landmarks(num_landmarks, self.seq_len))
 
     def rank_budget(self, seq_len: int) -> int:
         size = getattr(self.selector, "codebook_size", None)

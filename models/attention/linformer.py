@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from models.attention.base import Attention
-from models.cost import Flops, Params, width_memory
+from models.cost import Flops, Params
 
 
 @dataclass
@@ -30,15 +30,6 @@ class LinformerAttention(Attention):
     name = "linformer"
     config = LinformerConfig
     rank_knob = "proj_dim"
-
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        k = int(m or params.get("proj_dim", 256))
-        return Flops(8.0 * n * k * d)  # E·K, F·V, Q·(EK)ᵀ, softmax(…)·(FV)
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, float(m or params.get("proj_dim", 256)), d, mode)
 
     def __init__(self, head_dim: int, num_heads: int, seq_len: int, proj_dim: int = 256, share_kv: bool = False):
         super().__init__(head_dim, num_heads, seq_len)
@@ -77,3 +68,8 @@ class LinformerAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
         return mat
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        k = int(m or params.get("proj_dim", 256))
+        return Flops(8.0 * n * k * d)  # E·K, F·V, Q·(EK)ᵀ, softmax(…)·(FV)

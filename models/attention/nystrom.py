@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.attention.base import Attention
+from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import (
     core_precision,
     exact_pinv,
@@ -29,8 +29,8 @@ from models.attention.numerics import (
     masked_softmax,
     stable_pinv,
 )
-from models.cost import Flops, Params, conv_flops, pinv_flops, width_memory
-from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
+from models.cost import Flops, Params, conv_flops, pinv_flops
+from models.landmarks.base import Landmarks
 
 PINVS = ("iterative", "stable", "exact")
 
@@ -56,56 +56,29 @@ class NystromKernels:
     landmarks: Landmarks
 
 
-class NystromAttention(Attention):
+class NystromAttention(LandmarkAttention):
     name = "nystrom"
     config = NystromConfig
 
-    takes_selector = True
-    rank_knob = "num_landmarks"
-
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        m = int(m or 0)
-        kernels = 2 * n * m * d * 2 + 2 * m * m * d  # QK̃ᵀ, Q̃Kᵀ, Q̃K̃ᵀ
-        apply = 2 * m * n * d + 2 * m * m * d + 2 * n * m * d  # right·V, core⁺·(…), left·(…)
-        return Flops(kernels + apply + pinv_flops(m, params) + conv_flops(n, d, params))
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, float(m or 0), d, mode)
-
     def __init__(
         self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        num_landmarks: int | str = 64,
+        *,
         pinv: str = "iterative",
         pinv_iterations: int = 6,
         pinv_init: str = "per_matrix",
         conv_kernel: int = 35,
+        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
     ) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
+        super().__init__(**landmarks)
         if pinv not in PINVS:
             raise ValueError(f"attn.pinv={pinv!r}: expected one of {', '.join(PINVS)}")
-        self.selector = selector
-        self.num_landmarks = num_landmarks
         self.pinv = pinv
         self.pinv_iterations = pinv_iterations
         self.pinv_init = pinv_init
-        self.last_rank: torch.Tensor | None = None
         self.conv = None
         if conv_kernel:
-            self.conv = nn.Conv2d(
-                num_heads, num_heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=num_heads, bias=False
-            )
-
-    def rank_budget(self, seq_len: int) -> int:
-        return resolve_num_landmarks(self.num_landmarks, seq_len)
-
-    def select_landmarks(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
-        return self.selector(q, k, mask, self.rank_budget(q.shape[-2]))
+            h = self.num_heads
+            self.conv = nn.Conv2d(h, h, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=h, bias=False)
 
     def invert_core(self, core: torch.Tensor) -> torch.Tensor:
         if self.pinv == "stable":
@@ -118,7 +91,6 @@ class NystromAttention(Attention):
         scale = q.shape[-1] ** -0.25
         q, k = q * scale, k * scale
         lm = self.select_landmarks(q, k, mask)
-        self.last_rank = lm.valid.sum(-1).detach()  # [B, H]: the rank budget really spent (diagnostics)
         valid = lm.valid[..., None, :]  # [B, H, 1, m]
         left = masked_softmax(q @ lm.keys.transpose(-1, -2), valid)
         key_valid = None if mask is None else mask[:, None, None, :]
@@ -156,3 +128,10 @@ class NystromAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None]
         return mat
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        m = int(m or 0)
+        kernels = 2 * n * m * d * 2 + 2 * m * m * d  # QK̃ᵀ, Q̃Kᵀ, Q̃K̃ᵀ
+        apply = 2 * m * n * d + 2 * m * m * d + 2 * n * m * d  # right·V, core⁺·(…), left·(…)
+        return Flops(kernels + apply + pinv_flops(m, params) + conv_flops(n, d, params))

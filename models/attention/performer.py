@@ -18,7 +18,7 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
-from models.cost import Flops, Params, width_memory
+from models.cost import Flops, Params
 
 
 @dataclass
@@ -50,16 +50,6 @@ class PerformerAttention(Attention):
     name = "performer"
     config = PerformerConfig
     rank_knob = "num_features"
-
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        r = int(m or params.get("num_features", 256))
-        proj, mix = 4.0 * n * r * d, 4.0 * n * r * (d + 1)  # Q·Wᵀ and K·Wᵀ; φ(K)ᵀ[V | 1] and φ(Q)·(…)
-        return Flops(proj + mix, backward=proj + 2.0 * mix)  # W is a constant: one backward product each
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, float(m or params.get("num_features", 256)), d, mode)
 
     def __init__(
         self,
@@ -137,3 +127,9 @@ class PerformerAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None]
         return mat
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        r = int(m or params.get("num_features", 256))
+        proj, mix = 4.0 * n * r * d, 4.0 * n * r * (d + 1)  # Q·Wᵀ and K·Wᵀ; φ(K)ᵀ[V | 1] and φ(Q)·(…)
+        return Flops(proj + mix, backward=proj + 2.0 * mix)  # W is a constant: one backward product each

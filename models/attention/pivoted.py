@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from models.attention.base import Attention
+from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, masked_softmax
-from models.cost import Flops, Params, sketch_rows, width_memory
-from models.landmarks.base import LandmarkSelector, gather_tokens, resolve_num_landmarks
+from models.cost import Flops, Params, sketch_rows
+from models.landmarks.base import gather_tokens
 from models.landmarks.pivoted_qr import sketch_size
 from models.landmarks.uniform import UniformSelector
 
@@ -86,65 +86,39 @@ class BlockwiseLSE(torch.autograd.Function):
         return grad_q, grad_k, None, None
 
 
-class PivotedAttention(Attention):
+class PivotedAttention(LandmarkAttention):
     name = "pivoted"
     config = PivotedConfig
 
-    takes_selector = True
     #: C = A[:, J] needs landmarks that are tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True
-    rank_knob = "num_landmarks"
-
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        r = int(m or 0)
-        ell = sketch_rows(r, n, params)
-        # kernel mode: exact sketch rows E_S (ℓ×n) and E_S·V, C_S = E_S[:, J], E[:, J] for all rows, the ridge
-        # solve (Gram, right-hand side, LU) and C (T [V | 1]). `columns: exact` adds the O(n²d) log-sum-exp.
-        diff = 2 * ell * n * d + 2 * ell * r * d + 2 * n * r * d + 2 * ell * n * d
-        diff += 2 * ell * r * r + 2 * ell * r * (d + 1) + (2 / 3) * r**3 + 2 * r * r * (d + 1) + 2 * n * r * (d + 1)
-        if params.get("columns", "exact") == "exact":
-            diff += 4.0 * n * n * d  # blockwise lse (forward) + the exact sketch rows' softmax
-        return Flops(diff)
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, 4.0 * float(m or 0), d, mode)  # sketch rows ℓ = 2m, residual copy, columns
+    memory_width = 4.0  # sketch rows ℓ = 2m, the residual copy, the columns
 
     def __init__(
         self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        num_landmarks: int | str = 64,
+        *,
         ridge: float = 1.0e-4,
         sketch_rows: int = 0,
         columns: str = "exact",
         block_size: int = 1024,
         seed: int = 0,
+        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
     ) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
+        super().__init__(**landmarks)
         if columns not in COLUMNS:
             raise ValueError(f"attn.columns={columns!r}: expected one of {', '.join(COLUMNS)}")
-        self.selector = selector
-        self.num_landmarks, self.ridge, self.sketch_rows = num_landmarks, float(ridge), int(sketch_rows)
+        self.ridge, self.sketch_rows = float(ridge), int(sketch_rows)
         self.columns, self.block_size = columns, int(block_size)
         self.row_sampler = UniformSelector(seed=seed)
-        self.last_rank: torch.Tensor | None = None
-
-    def rank_budget(self, seq_len: int) -> int:
-        return resolve_num_landmarks(self.num_landmarks, seq_len)
 
     def _operator(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Â v for any right-hand side `v [B, H, N, E]` (E = D in forward, E = N for the implied matrix)."""
         scale = q.shape[-1] ** -0.25
-        lm = self.selector(q * scale, k * scale, mask, self.rank_budget(q.shape[-2]))
+        lm = self.select_landmarks(q * scale, k * scale, mask)  # last_rank: pivots kept before the stopping rule
         if lm.indices is None:
             raise ValueError(
                 f"attn=pivoted needs token landmarks; selector {type(self.selector).__name__} returns cluster means"
             )
-        self.last_rank = lm.valid.sum(-1).detach()  # [B, H]: pivots kept before the stopping rule (diagnostics)
         rows, rows_valid = getattr(lm, "rows", None), getattr(lm, "rows_valid", None)
         if rows is None:
             ell = sketch_size(self.sketch_rows, lm.count, q.shape[-2])
@@ -201,3 +175,15 @@ class PivotedAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
         return mat
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        r = int(m or 0)
+        ell = sketch_rows(r, n, params)
+        # kernel mode: exact sketch rows E_S (ℓ×n) and E_S·V, C_S = E_S[:, J], E[:, J] for all rows, the ridge
+        # solve (Gram, right-hand side, LU) and C (T [V | 1]). `columns: exact` adds the O(n²d) log-sum-exp.
+        diff = 2 * ell * n * d + 2 * ell * r * d + 2 * n * r * d + 2 * ell * n * d
+        diff += 2 * ell * r * r + 2 * ell * r * (d + 1) + (2 / 3) * r**3 + 2 * r * r * (d + 1) + 2 * n * r * (d + 1)
+        if params.get("columns", "exact") == "exact":
+            diff += 4.0 * n * n * d  # blockwise lse (forward) + the exact sketch rows' softmax
+        return Flops(diff)

@@ -64,15 +64,6 @@ class PolynomialAttention(Attention):
         dim = d + (params.get("kind", "homogeneous") == "inhomogeneous")
         return math.comb(dim + int(params.get("degree", 2)) - 1, int(params.get("degree", 2)))
 
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        f = cls.feature_dim(d, params)
-        return Flops(4.0 * n * f * (d + 1))  # φ(K)ᵀ[V | 1] and φ(Q)·(…); building φ is elementwise
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, float(cls.feature_dim(d, params)), d, mode)
-
     def __init__(
         self,
         head_dim: int,
@@ -149,3 +140,12 @@ class PolynomialAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None]
         return mat
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        f = cls.feature_dim(d, params)
+        return Flops(4.0 * n * f * (d + 1))  # φ(K)ᵀ[V | 1] and φ(Q)·(…); building φ is elementwise
+
+    @classmethod
+    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
+        return width_memory(n, float(cls.feature_dim(d, params)), d, mode)

@@ -20,7 +20,7 @@ import torch
 
 from models.attention.base import Attention
 from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv
-from models.cost import Flops, Params, pinv_flops, width_memory
+from models.cost import Flops, Params, pinv_flops
 from models.landmarks.base import broadcast_mask, gather_tokens
 from models.landmarks.uniform import UniformSelector, sample_real_tokens
 
@@ -44,16 +44,6 @@ class SkyformerAttention(Attention):
     name = "skyformer"
     config = SkyformerConfig
     rank_knob = "num_landmarks"
-
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        m = int(m or params.get("num_landmarks", 128))
-        # κ(Q, X_S), κ(X_S, K), κ(X_S, X_S) (Gaussian kernels: one product each), pinv, right-to-left apply
-        return Flops(8.0 * n * m * d + 4.0 * m * m * d + pinv_flops(m, params))
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, float(m or params.get("num_landmarks", 128)), d, mode)
 
     def __init__(
         self,
@@ -118,3 +108,9 @@ class SkyformerAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None]
         return mat
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        m = int(m or params.get("num_landmarks", 128))
+        # κ(Q, X_S), κ(X_S, K), κ(X_S, X_S) (Gaussian kernels: one product each), pinv, right-to-left apply
+        return Flops(8.0 * n * m * d + 4.0 * m * m * d + pinv_flops(m, params))

@@ -55,10 +55,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.attention.base import Attention
+from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core
-from models.cost import Flops, Params, width_memory
-from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
+from models.cost import Flops, Params
+from models.landmarks.base import Landmarks, resolve_num_landmarks
 from models.landmarks.hash import HashSelector
 
 AFFINITIES = ("tanh", "gaussian")
@@ -141,33 +141,13 @@ def unit(x: torch.Tensor) -> torch.Tensor:
     return x / (x.norm(dim=-1, keepdim=True) + 1e-6)
 
 
-class SpectralAttention(Attention):
+class SpectralAttention(LandmarkAttention):
     name = "spectral"
     config = SpectralConfig
 
-    takes_selector = True
-    rank_knob = "num_landmarks"
-
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        s = int(m or 0)
-        dz = 2 * d if params.get("tokens", "qk") == "qk" else d  # affinity on [q; k] (2d) or on one of them
-        # C = tanh(Z Z_Sᵀ), W = tanh(Z_S Z_Sᵀ); μ = diag(UᵀWU) and P = U diag(1/μ) Uᵀ (differentiable, 2 s³ each);
-        # out = C (P (Cᵀ V)). The eigendecomposition itself runs without grad (≈ 9 s³, an estimate).
-        diff = 2 * n * s * dz + 2 * s * s * dz + 4.0 * s**3 + 2 * n * s * d + 2 * s * s * d + 2 * n * s * d
-        return Flops(diff, 9.0 * s**3)
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, float(m or 0), d, mode)
-
     def __init__(
         self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        num_landmarks: int | str = 64,
+        *,
         sample_rule: str = "given",
         eps: float = 0.5,
         delta: float = 0.5,
@@ -182,8 +162,9 @@ class SpectralAttention(Attention):
         alpha_init: float = 0.1,
         residual: bool = True,
         eval_hash: bool = True,
+        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
     ) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
+        super().__init__(**landmarks)
         checks = (
             ("sample_rule", sample_rule, ("given", "formula")),
             ("affinity", affinity, AFFINITIES),
@@ -195,18 +176,16 @@ class SpectralAttention(Attention):
                 raise ValueError(f"attn.{key}={value!r}: expected one of {', '.join(valid)}")
         if not (0 < eps < 1 and 0 < delta < 1):
             raise ValueError(f"attn.eps={eps}, attn.delta={delta}: both must lie in (0, 1)")
-        self.selector = selector
-        self.num_landmarks, self.sample_rule = num_landmarks, sample_rule
+        self.sample_rule = sample_rule
         self.eps, self.delta, self.c, self.r_min = eps, delta, c, int(r_min)
         self.affinity, self.bandwidth, self.tokens = affinity, float(bandwidth), tokens
-        resolve_temperature(temperature, 2 * head_dim)  # fail at construction on a bad value
+        resolve_temperature(temperature, 2 * self.head_dim)  # fail at construction on a bad value
         self.temperature = temperature
         self.eig_tol, self.eig_tol_mode = float(eig_tol), eig_tol_mode
         self.residual, self.eval_hash = bool(residual), bool(eval_hash)
-        self.alpha = nn.Parameter(torch.full((num_heads,), float(alpha_init)))
+        self.alpha = nn.Parameter(torch.full((self.num_heads,), float(alpha_init)))
         self._hash = HashSelector()
         self._rank_kept: torch.Tensor | None = None
-        self.last_rank: torch.Tensor | None = None
 
     def rank_budget(self, seq_len: int) -> int:
         if self.sample_rule == "formula":
@@ -218,7 +197,8 @@ class SpectralAttention(Attention):
         x = {"qk": lambda: torch.cat([q, k], dim=-1), "key": lambda: k, "query": lambda: q}[self.tokens]()
         return unit(x)
 
-    def select_landmarks(self, z: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
+    def select_tokens(self, z: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
+        """The s landmarks of the normalised tokens z (a hash draw at inference for a randomised selector)."""
         s = self.rank_budget(z.shape[-2])
         if not self.training and self.eval_hash and getattr(self.selector, "randomized", False):
             return self._hash(z, z, mask, s)
@@ -227,7 +207,7 @@ class SpectralAttention(Attention):
     def mixer(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None):
         """C `[B, H, N, s]` (pads and invalid landmarks zero) and P `[B, H, s, s]` (fp32)."""
         z = self.token_vectors(q, k)
-        lm = self.select_landmarks(z, mask)
+        lm = self.select_tokens(z, mask)
         zs = unit(lm.queries)  # centroids are renormalised onto the sphere (no-op for token landmarks)
         with fp32_core(q.device):
             zf, zsf = z.float(), zs.float()
@@ -282,3 +262,12 @@ class SpectralAttention(Attention):
         if self._rank_kept is None:
             return {}
         return {"rank_kept": float(self._rank_kept.float().mean())}
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        s = int(m or 0)
+        dz = 2 * d if params.get("tokens", "qk") == "qk" else d  # affinity on [q; k] (2d) or on one of them
+        # C = tanh(Z Z_Sᵀ), W = tanh(Z_S Z_Sᵀ); μ = diag(UᵀWU) and P = U diag(1/μ) Uᵀ (differentiable, 2 s³ each);
+        # out = C (P (Cᵀ V)). The eigendecomposition itself runs without grad (≈ 9 s³, an estimate).
+        diff = 2 * n * s * dz + 2 * s * s * dz + 4.0 * s**3 + 2 * n * s * d + 2 * s * s * d + 2 * n * s * d
+        return Flops(diff, 9.0 * s**3)

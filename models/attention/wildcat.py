@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from models.attention.base import Attention
+from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, stable_pinv
-from models.cost import Flops, Params, pinv_flops, width_memory
-from models.landmarks.base import LandmarkSelector, broadcast_mask, gather_tokens, resolve_num_landmarks
+from models.cost import Flops, Params, pinv_flops
+from models.landmarks.base import broadcast_mask, gather_tokens
 from models.landmarks.rpcholesky import RPCholeskyConfig, RPCholeskySelector, check_tau, key_features
 from models.landmarks.segment_means import segment_assignment
 
@@ -62,45 +62,25 @@ class WildcatConfig:
     clamp_output: bool = False  # clip outputs to the values' range (official inference safeguard; not in Â)
 
 
-class WildcatAttention(Attention):
+class WildcatAttention(LandmarkAttention):
     name = "wildcat"
     config = WildcatConfig
 
-    takes_selector = True
     #: the coreset must be tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True
-    rank_knob = "num_landmarks"
-
-    @classmethod
-    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        r = int(m or 0)
-        # the r×r Gaussian core Z_S Z_Sᵀ and its pseudo-inverse, G_SK = Z_S Zᵀ, G_SK·[V | 1], core⁺·(…), exp(Q K_Sᵀ),
-        # left·(…) and left·e^{h_S} (the coreset's partial row sums, the denominator guard). The coreset itself is
-        # the selector's (counted there). `num_bins` masks the same dense products (no saving in our implementation).
-        diff = 2 * r * r * d + 2 * r * n * d + 2 * r * n * (d + 1) + 2 * r * r * (d + 1)
-        diff += 2 * n * r * d + 2 * n * r * (d + 1) + 2 * n * r
-        # the SVD-based pseudo-inverse: forward an estimate (`pinv_flops`), backward torch's formula, 8 r×r products
-        return Flops(diff) + Flops(pinv_flops(r, {"pinv": "exact"}), backward=16.0 * r**3)
-
-    @classmethod
-    def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        return width_memory(n, 2.0 * float(m or 0), d, mode)  # G_SK, X, the left factor, the pivoting factor F
+    memory_width = 2.0  # G_SK, X, the left factor, the pivoting factor F
 
     def __init__(
         self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        num_landmarks: int | str = 64,
+        *,
         tau: Any = "auto",
         center_keys: bool = True,
         num_bins: int = 1,
         clamp_output: bool = False,
+        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
     ) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        self.selector = selector
-        self.num_landmarks = num_landmarks
+        super().__init__(**landmarks)
+        selector = self.selector
         self.tau = check_tau(tau, "attn.tau")
         self.center_keys, self.clamp_output = bool(center_keys), bool(clamp_output)
         self.num_bins = int(num_bins)
@@ -120,9 +100,6 @@ class WildcatAttention(Attention):
                     f"selector.tau={selector.tau!r}, selector.center={selector.center}: under attn=wildcat the "
                     f"coreset is drawn on the weights' kernel; set attn.tau / attn.center_keys instead"
                 )
-
-    def rank_budget(self, seq_len: int) -> int:
-        return resolve_num_landmarks(self.num_landmarks, seq_len)
 
     def _coreset(
         self, q: torch.Tensor, k: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, r: int, bins
@@ -204,3 +181,14 @@ class WildcatAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
         return mat
+
+    @classmethod
+    def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
+        r = int(m or 0)
+        # the r×r Gaussian core Z_S Z_Sᵀ and its pseudo-inverse, G_SK = Z_S Zᵀ, G_SK·[V | 1], core⁺·(…), exp(Q K_Sᵀ),
+        # left·(…) and left·e^{h_S} (the coreset's partial row sums, the denominator guard). The coreset itself is
+        # the selector's (counted there). `num_bins` masks the same dense products (no saving in our implementation).
+        diff = 2 * r * r * d + 2 * r * n * d + 2 * r * n * (d + 1) + 2 * r * r * (d + 1)
+        diff += 2 * n * r * d + 2 * n * r * (d + 1) + 2 * n * r
+        # the SVD-based pseudo-inverse: forward an estimate (`pinv_flops`), backward torch's formula, 8 r×r products
+        return Flops(diff) + Flops(pinv_flops(r, {"pinv": "exact"}), backward=16.0 * r**3)

@@ -69,17 +69,6 @@ class ProgressiveKMeansSelector(SeededSelector):
 
     randomized = False
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        # steady state: assign every token to the codebook (one matmul) + q and k means; the refresh (Lloyd on the
-        # pooled batch, warm-started from the codebook, at its iteration cap: an upper bound) runs once every
-        # `refresh_every` passes and is counted amortised (the first refresh's seeding once, not counted)
-        every = max(1, int(params.get("refresh_every", 50)))
-        its = int(params.get("max_iterations", 100))
-        local = int(params.get("local_iterations", 0))
-        steady = 2.0 * n * m * d + 2.0 * n * d
-        return Flops(0.0, steady + lloyd_flops(n, m, d, its) / every + lloyd_flops(n, m, d, local))
-
     def __init__(
         self,
         max_iterations: int = 100,
@@ -187,3 +176,14 @@ class ProgressiveKMeansSelector(SeededSelector):
                 c, c_valid = fit.centroids, fit.valid
             assignment, _ = assign(x, c, c_valid, distances=False)
         return cluster_landmarks(q, k, mask, assignment, size)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        # steady state: assign every token to the codebook (one matmul) + q and k means; the refresh (Lloyd on the
+        # pooled batch, warm-started from the codebook, at its iteration cap: an upper bound) runs once every
+        # `refresh_every` passes and is counted amortised (the first refresh's seeding once, not counted)
+        every = max(1, int(params.get("refresh_every", 50)))
+        its = int(params.get("max_iterations", 100))
+        local = int(params.get("local_iterations", 0))
+        steady = 2.0 * n * m * d + 2.0 * n * d
+        return Flops(0.0, steady + lloyd_flops(n, m, d, its) / every + lloyd_flops(n, m, d, local))

@@ -42,11 +42,11 @@ class HashSelector(LandmarkSelector):
 
     token_landmarks = True
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        return Flops(0.0)  # evenly spaced positions: no arithmetic
-
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         idx, valid = evenly_spaced(mask, m)
         shape = (q.shape[0], q.shape[1], idx.shape[-1])
         return token_landmarks(q, k, idx.expand(shape), valid.expand(shape))
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0)  # evenly spaced positions: no arithmetic

@@ -314,15 +314,6 @@ class KMeansSelector(SeededSelector):
 
     randomized = False  # data-driven: the seeding follows the data
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        # seeding, Lloyd iterations at their cap (an upper bound: Lloyd stops once every sequence/head converged),
-        # per restart, the final assignment, then q and k means over the clusters
-        its = int(params.get("max_iterations", 100))
-        restarts = 1 if params.get("init", "kmeans++") == "segment_means" else max(1, int(params.get("restarts", 1)))
-        work = seeding_flops(n, m, d, params) + restarts * lloyd_flops(n, m, d, its) + 2.0 * n * m * d + 2.0 * n * d
-        return Flops(0.0, work)
-
     def __init__(
         self,
         max_iterations: int = 100,
@@ -340,3 +331,12 @@ class KMeansSelector(SeededSelector):
         lm, fit = kmeans_landmarks(q, k, mask, m, self.settings, selector_draw(self, q.device))
         self.last_iterations = fit.iterations
         return lm
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        # seeding, Lloyd iterations at their cap (an upper bound: Lloyd stops once every sequence/head converged),
+        # per restart, the final assignment, then q and k means over the clusters
+        its = int(params.get("max_iterations", 100))
+        restarts = 1 if params.get("init", "kmeans++") == "segment_means" else max(1, int(params.get("restarts", 1)))
+        work = seeding_flops(n, m, d, params) + restarts * lloyd_flops(n, m, d, its) + 2.0 * n * m * d + 2.0 * n * d
+        return Flops(0.0, work)

@@ -30,13 +30,13 @@ class KMeansPPSelector(SeededSelector):
     token_landmarks = True
     randomized = False  # data-driven: D² sampling follows the data
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        return Flops(0.0, 2.0 * n * m * d)  # m D²-sampling steps, one distance column each
-
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         b, h = q.shape[:2]
         with exact_fp32(q.device):
             u = self.uniform((b, h, m), q.device)
             idx, valid = kmeanspp_indices(q.detach().float(), mask, m, u)  # plain D² sampling
         return token_landmarks(q, k, idx, valid)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0, 2.0 * n * m * d)  # m D²-sampling steps, one distance column each

@@ -49,12 +49,6 @@ class LeverageSelector(SeededSelector):
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        ell = sketch_rows(m, n, params)
-        # sketch rows, Gram A_S A_Sᵀ, Cholesky, solve against A_S, column-wise dot products
-        return Flops(0.0, 2.0 * ell * n * d + 2.0 * ell * ell * n + ell**3 / 3 + 2.0 * ell * ell * n + 2.0 * ell * n)
-
     def __init__(self, ridge: float = 1.0, sketch_rows: int = 0, seed: int = 0) -> None:
         super().__init__(seed)
         self.ridge, self.sketch_rows = float(ridge), int(sketch_rows)
@@ -70,3 +64,9 @@ class LeverageSelector(SeededSelector):
             weights = torch.where(real, scores + floor, torch.zeros_like(scores))
             idx, valid = weighted_sample(self.uniform((b, h, n), q.device, stream=1), real, m, weights)
         return token_landmarks(q, k, idx, valid)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        ell = sketch_rows(m, n, params)
+        # sketch rows, Gram A_S A_Sᵀ, Cholesky, solve against A_S, column-wise dot products
+        return Flops(0.0, 2.0 * ell * n * d + 2.0 * ell * ell * n + ell**3 / 3 + 2.0 * ell * ell * n + 2.0 * ell * n)

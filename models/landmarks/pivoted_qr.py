@@ -111,14 +111,6 @@ class PivotedQRSelector(SeededSelector):
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        ell = sketch_rows(m, n, params)
-        # ℓ exact rows of A (Q_S Kᵀ); m greedy steps on the ℓ×n residual: the rank-1 projection (qᵀE, then
-        # q(qᵀE): 4ℓn; the column norms are elementwise) and two re-orthogonalisations against the basis (8ℓt at step t)
-        greedy = m * 4.0 * ell * n + 4.0 * ell * m * m
-        return Flops(0.0, 2.0 * ell * n * d + greedy)
-
     def __init__(self, tol: float = 1.0e-3, sketch_rows: int = 0, seed: int = 0) -> None:
         super().__init__(seed)
         self.tol, self.sketch_rows = float(tol), int(sketch_rows)
@@ -131,3 +123,11 @@ class PivotedQRSelector(SeededSelector):
             idx, valid = greedy_pivots(a, mask, m, self.tol)
         lm = token_landmarks(q, k, idx, valid)
         return PivotedLandmarks(lm.queries, lm.keys, lm.valid, lm.indices, rows=rows, rows_valid=rows_valid)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        ell = sketch_rows(m, n, params)
+        # ℓ exact rows of A (Q_S Kᵀ); m greedy steps on the ℓ×n residual: the rank-1 projection (qᵀE, then
+        # q(qᵀE): 4ℓn; the column norms are elementwise) and two re-orthogonalisations against the basis (8ℓt at step t)
+        greedy = m * 4.0 * ell * n + 4.0 * ell * m * m
+        return Flops(0.0, 2.0 * ell * n * d + greedy)

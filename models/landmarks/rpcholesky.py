@@ -153,12 +153,6 @@ class RPCholeskySelector(SeededSelector):
     token_landmarks = True
     randomized = False  # data-driven: the draws follow the kernel's residual
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        # m steps, each one kernel column (Z z_j: 2nd) and its residual against the factor so far (F F[j]ᵀ: 2n·t at
-        # step t); the centring, the draws (a cumulative sum) and the downdates are elementwise
-        return Flops(0.0, 2.0 * n * d * m + n * m * (m - 1.0))
-
     def __init__(self, tau: Any = "auto", center: bool = True, tol: float = 1.0e-5, seed: int = 0) -> None:
         super().__init__(seed)
         self.tau = check_tau(tau, "selector.tau")
@@ -178,3 +172,9 @@ class RPCholeskySelector(SeededSelector):
             z, _ = key_features(q.detach().float(), k.detach().float(), mask, self.tau, self.center)
         idx, valid = self.pivots(z, mask, m)
         return token_landmarks(q, k, idx, valid)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        # m steps, each one kernel column (Z z_j: 2nd) and its residual against the factor so far (F F[j]ᵀ: 2n·t at
+        # step t); the centring, the draws (a cumulative sum) and the downdates are elementwise
+        return Flops(0.0, 2.0 * n * d * m + n * m * (m - 1.0))

@@ -34,12 +34,12 @@ class SegmentMeans(LandmarkSelector):
     name = "segment_means"
     config = SegmentMeansConfig
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        return Flops(0.0, 2.0 * n * d)  # one add per element of q and of k (its backward is as many adds again)
-
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         assignment = segment_assignment(mask, m).expand(q.shape[:3])
         q_l, counts = cluster_means(q, assignment, mask, m)
         k_l, _ = cluster_means(k, assignment, mask, m)
         return Landmarks(queries=q_l, keys=k_l, valid=counts > 0)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0, 2.0 * n * d)  # one add per element of q and of k (its backward is as many adds again)

@@ -105,10 +105,10 @@ class UniformSelector(SeededSelector):
 
     token_landmarks = True
 
-    @classmethod
-    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        return Flops(0.0)  # a draw: no arithmetic
-
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         idx, valid = sample_real_tokens(self, mask, q.shape[1], m)
         return token_landmarks(q, k, idx, valid)
+
+    @classmethod
+    def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
+        return Flops(0.0)  # a draw: no arithmetic

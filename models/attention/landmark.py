@@ -1,0 +1,40 @@
+"""What every attention built on landmarks shares: the selector, the landmark count and the rank it spends.
+
+Nyström, GPA, spectral, pivoted and WildCat each take a selector and `num_landmarks` (an int or `"log2"`) and
+report the rank they really used for the diagnostics (`last_rank [B, H]`: valid landmarks, kept pivots, …).
+Subclasses take their own knobs as keyword arguments and pass the shared geometry (`head_dim`, `num_heads`,
+`seq_len`, `selector`, `num_landmarks`) through to this class.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from models.attention.base import Attention
+from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
+
+
+class LandmarkAttention(Attention):
+    """An attention on m landmarks chosen by a selector (a base class: no `name`, so not an option itself)."""
+
+    takes_selector: ClassVar[bool] = True
+    rank_knob: ClassVar[str | None] = "num_landmarks"
+
+    def __init__(
+        self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, num_landmarks: int | str = 64
+    ) -> None:
+        super().__init__(head_dim, num_heads, seq_len)
+        self.selector = selector
+        self.num_landmarks = num_landmarks
+        self.last_rank: torch.Tensor | None = None
+
+    def rank_budget(self, seq_len: int) -> int:
+        return resolve_num_landmarks(self.num_landmarks, seq_len)
+
+    def select_landmarks(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> Landmarks:
+        """The selector's m landmarks for these (already scaled) q, k; records the rank really spent."""
+        lm = self.selector(q, k, mask, self.rank_budget(q.shape[-2]))
+        self.last_rank = lm.valid.sum(-1).detach()  # [B, H]: valid landmarks (diagnostics' effective budget)
+        return lm
