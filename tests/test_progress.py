@@ -55,6 +55,10 @@ def test_without_a_terminal_status_lines_and_run_log_holds_the_run(tmp_path: Pat
     assert failed.returncode == 2
     log = (tmp_path / "outputs" / "listops" / "full" / "q" / "run.log").read_text()
     assert "error: ListOps files basic_{train,val,test}.tsv not found" in log  # the error is in the run's log
+    crashed = run_cli([*ARGS, "run_name=n", "+fault.nan_loss_at_step=2"], tmp_path, check=False)
+    assert crashed.returncode != 0
+    log = (tmp_path / "outputs" / "listops" / "full" / "n" / "run.log").read_text()
+    assert "Traceback (most recent call last)" in log and "FloatingPointError: loss is nan at step 1" in log
 
 
 def _read_pty(fd: int, proc: subprocess.Popen, timeout: float) -> str:

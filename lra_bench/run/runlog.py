@@ -1,10 +1,11 @@
 """`run.log`: the run's whole log, not only what went through Python's `logging`.
 
 Hydra's job logging writes `logging` records (Lightning's messages) to `<run dir>/run.log`; everything the run
-`print`s — data generation, resume and signal messages, status lines, the summary, the one-line error — went only to
-the terminal. `tee_output` copies stdout and stderr into the same file for the duration of a run, line by line
-(appended, so Hydra's records and ours interleave in order): a progress bar's redraws (text before a `\\r`) and
-terminal colours are dropped from the file, and a failure to write the file (a full disk) never disturbs the run.
+`print`s — data generation, resume and signal messages, status lines, the summary, the one-line error, a failure's
+traceback — went only to the terminal. `tee_output` copies stdout and stderr into the same file for the duration of
+a run, line by line (appended, so Hydra's records and ours interleave in order): a progress bar's redraws (text
+before a `\r`) and terminal colours are dropped from the file, and a failure to write the file (a full disk) never
+disturbs the run.
 The streams keep their own behaviour (`isatty`, `fileno`, encoding), so bars and colours still adapt to the terminal.
 """
 
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import re
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -109,6 +111,9 @@ def tee_output(path: Path | None) -> Iterator[None]:
     sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)  # type: ignore[assignment]
     try:
         yield
+    except Exception:  # Hydra prints the traceback after this block: the run's log gets it too
+        log.write(0, traceback.format_exc())
+        raise
     finally:
         sys.stdout, sys.stderr = out, err
         log.close()
