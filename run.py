@@ -15,21 +15,37 @@ setup()
 quiet_third_party_warnings()
 
 
+def check_run(cfg: DictConfig) -> None:
+    """Everything `train()` checks first (schemas, types and ranges, paths, task options), before Hydra writes."""
+    from lra_bench.run.build import check_run_config
+
+    check_run_config(cfg)
+
+
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
     from lra_bench.config.validate import ConfigError
+    from lra_bench.run.runlog import route_lightning_logs_to_hydra, tee_output
     from lra_bench.run.train import train
     from tasks.layout import DataSourceError
 
-    try:
-        record = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (ConfigError, DataSourceError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        if HydraConfig.get().mode.name == "RUN":
-            sys.exit(2)
-        raise
+    route_lightning_logs_to_hydra()
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    with tee_output(output_dir / "run.log" if rank_zero_only.rank == 0 else None):
+        try:
+            record = train(cfg, output_dir)
+        except (ConfigError, DataSourceError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            if HydraConfig.get().mode.name == "RUN":
+                sys.exit(2)
+            raise
     return record["metrics"].get("val_acc")
 
 
 if __name__ == "__main__":
+    from lra_bench.config.preflight import preflight
+
+    preflight(sys.argv[1:], check=check_run)
     main()

@@ -20,6 +20,8 @@ import pyarrow as pa
 from datasets import Dataset, load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
+from tasks.files import make_readable
+
 disable_progress_bar()  # our own messages say what is being cached
 
 CACHE_VERSION = 1
@@ -56,6 +58,7 @@ def save_splits(path: Path, splits: dict[str, Dataset], params: dict[str, Any]) 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
+        make_readable(tmp)  # mkdtemp's 0700 would survive the rename: a shared cache must be readable
         for name, ds in splits.items():
             ds.save_to_disk(str(tmp / name))
         (tmp / "params.json").write_text(json.dumps(params, indent=2, sort_keys=True, default=str) + "\n")

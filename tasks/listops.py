@@ -1,14 +1,21 @@
 """ListOps: the official `listops-1000/basic_{train,val,test}.tsv` (either archive nesting), or our generator.
 
-The files are TSV with a `Source<TAB>Target` header; line ends may be LF or CRLF. A malformed row is an
-error that names the file and the line. With `generate_if_missing=true` (the default) a missing data dir
-is filled once by `tasks.generate.listops` with the configured knobs, and the run says so.
+The files are TSV with a `Source<TAB>Target` header; line ends may be LF or CRLF. A malformed row, a file that is
+not UTF-8 and a file with no row after its header are errors that name the file (and the line).
+
+Never over a user's files: with `generate_if_missing=true` (the default; ~100k short trees, about a minute) the
+generator (`tasks.generate.listops`, the configured knobs) writes `listops-1000/` only when it is absent or empty —
+into a private temp dir first, renamed into place when complete. A `listops-1000/` with one split missing is an
+error naming the missing file; one that holds other files, or data we generated with other generator settings,
+is an error saying how to generate into a new dir. Nothing is ever deleted.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,26 +57,31 @@ class ListOpsConfig:
 def read_listops_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     """Rows of a ListOps TSV as (sources, labels). LF and CRLF both read (csv handles `newline=''`)."""
     sources, labels = [], []
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh, delimiter="\t")
-        header = next(reader, None)
-        if header != ["Source", "Target"]:
-            raise DataSourceError(f"{path}:1: expected the header 'Source<TAB>Target', found {header!r}")
-        for line_no, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != 2:
-                raise DataSourceError(
-                    f"{path}:{line_no}: expected 2 tab-separated fields, found {len(row)}: {row!r:.120}"
-                )
-            try:
-                label = int(row[1])
-            except ValueError:
-                raise DataSourceError(f"{path}:{line_no}: Target {row[1]!r} is not an integer") from None
-            if not 0 <= label <= 9:
-                raise DataSourceError(f"{path}:{line_no}: Target {label} is outside 0..9")
-            sources.append(row[0])
-            labels.append(label)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh, delimiter="\t")
+            header = next(reader, None)
+            if header != ["Source", "Target"]:
+                raise DataSourceError(f"{path}:1: expected the header 'Source<TAB>Target', found {header!r}")
+            for line_no, row in enumerate(reader, start=2):
+                if not row:
+                    continue
+                if len(row) != 2:
+                    raise DataSourceError(
+                        f"{path}:{line_no}: expected 2 tab-separated fields, found {len(row)}: {row!r:.120}"
+                    )
+                try:
+                    label = int(row[1])
+                except ValueError:
+                    raise DataSourceError(f"{path}:{line_no}: Target {row[1]!r} is not an integer") from None
+                if not 0 <= label <= 9:
+                    raise DataSourceError(f"{path}:{line_no}: Target {label} is outside 0..9")
+                sources.append(row[0])
+                labels.append(label)
+    except UnicodeDecodeError as err:
+        raise DataSourceError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); expected a TSV") from None
+    if not labels:
+        raise DataSourceError(f"{path}: no examples after the header (expected 'Source<TAB>Target' rows)")
     return sources, np.asarray(labels, dtype=np.int64)
 
 
@@ -79,11 +91,14 @@ class ListOpsDataModule(LRADataModule):
 
     tokenizer_version = ListOpsTokenizer.version
 
+    def expected_files(self, folder: Path) -> dict[str, Path]:
+        return {split: folder / f"{self.cfg['file_prefix']}_{split}.tsv" for split in SPLITS}
+
     def files(self) -> dict[str, Path] | None:
         folder = find_release_path(self.data_dir, RELATIVE_DIR)
         if folder is None:
             return None
-        files = {split: folder / f"{self.cfg['file_prefix']}_{split}.tsv" for split in SPLITS}
+        files = self.expected_files(folder)
         return files if all(p.exists() for p in files.values()) else None
 
     def generate_command(self, target: Path) -> str:
@@ -93,51 +108,100 @@ class ListOpsDataModule(LRADataModule):
         knobs = {k: v for k, v in self.cfg.items() if k.startswith("gen_") and k not in NOT_DATA_IDENTITY}
         return knobs | {"file_prefix": self.cfg["file_prefix"], "generator_version": generator.GENERATOR_VERSION}
 
+    def generated_with(self, folder: Path) -> dict[str, Any] | None:
+        """The knobs our generator wrote into `folder` (None: not ours, e.g. the official files)."""
+        marker = folder / GENERATOR_MARKER
+        return json.loads(marker.read_text()) if marker.exists() else None
+
     def stale_generated(self) -> bool:
         """Files we generated earlier with other generator knobs (official files carry no marker)."""
         files = self.files()
         if files is None:
             return False
-        marker = files["train"].parent / GENERATOR_MARKER
-        return marker.exists() and json.loads(marker.read_text()) != self.generator_knobs()
+        knobs = self.generated_with(files["train"].parent)
+        return knobs is not None and knobs != self.generator_knobs()
 
     def ensure_source(self) -> None:
-        files, c = self.files(), self.cfg
-        if files is not None:
-            if not self.stale_generated():
+        """Use the files in place; generate only into an absent or empty `listops-1000/` (see the module docstring)."""
+        c = self.cfg
+        folder = find_release_path(self.data_dir, RELATIVE_DIR)
+        if folder is not None:
+            self.check_layout(folder)
+            if self.files() is not None:
                 return
-            target = files["train"].parent
-            if not c["generate_if_missing"]:
-                print(f"[listops] warning: {target} was generated with other generator settings; using it as is")
-                return
-            print(f"[listops] {target} was generated with other generator settings: regenerating")
-        else:
-            target = Path(self.data_dir).expanduser() / RELATIVE_DIR
-            if not c["generate_if_missing"]:
-                looked = ", ".join(str(p) for p in candidates(self.data_dir, RELATIVE_DIR))
-                raise DataSourceError(
-                    f"ListOps files {c['file_prefix']}_{{train,val,test}}.tsv not found (looked in {looked}). "
-                    f"Make them with `{self.generate_command(target)}`, unpack the official lra_release archive "
-                    f"under data_dir, or set task.generate_if_missing=true."
-                )
-            print(
-                f"[listops] no data under {self.data_dir}: generating {c['gen_num_train']}/{c['gen_num_val']}/"
-                f"{c['gen_num_test']} trees into {target} (seed {c['gen_seed']}) — once; later runs reuse them"
+        target = folder or Path(self.data_dir).expanduser() / RELATIVE_DIR
+        if not c["generate_if_missing"]:
+            looked = ", ".join(str(p) for p in candidates(self.data_dir, RELATIVE_DIR))
+            raise DataSourceError(
+                f"ListOps files {c['file_prefix']}_{{train,val,test}}.tsv not found (looked in {looked}). "
+                f"Make them with `{self.generate_command(target)}`, unpack the official lra_release archive "
+                f"under data_dir, or set task.generate_if_missing=true."
             )
-        generator.write_splits(
-            target,
-            c["gen_num_train"],
-            c["gen_num_val"],
-            c["gen_num_test"],
-            task=c["file_prefix"],
-            workers=c.get("gen_workers"),
-            seed=c["gen_seed"],
-            max_depth=c["gen_max_depth"],
-            max_args=c["gen_max_args"],
-            min_length=c["gen_min_length"],
-            max_length=c["gen_max_length"],
+        print(
+            f"[listops] no data under {self.data_dir}: generating {c['gen_num_train']}/{c['gen_num_val']}/"
+            f"{c['gen_num_test']} trees into {target} (seed {c['gen_seed']}) — once; later runs reuse them"
         )
-        (target / GENERATOR_MARKER).write_text(json.dumps(self.generator_knobs(), sort_keys=True) + "\n")
+        self.generate_into(target)
+
+    def check_layout(self, folder: Path) -> None:
+        """An existing `listops-1000/`: complete and made with these knobs, or empty; anything else is an error."""
+        files = self.expected_files(folder)
+        present = [p for p in files.values() if p.exists()]
+        if len(present) == len(files):
+            knobs = self.generated_with(folder)
+            if knobs is not None and knobs != self.generator_knobs():
+                wanted = self.generator_knobs()
+                changed = ", ".join(f"{k} {knobs.get(k)!r}→{v!r}" for k, v in wanted.items() if knobs.get(k) != v)
+                raise DataSourceError(
+                    f"{folder} holds ListOps generated with other settings ({changed}); "
+                    "it is not regenerated over: set data_dir= to a new or empty dir to generate these, or set the "
+                    "task.gen_* knobs back to use it"
+                )
+            return
+        if present:
+            missing = [p.name for p in files.values() if not p.exists()]
+            raise DataSourceError(
+                f"{folder}: {', '.join(missing)} missing (found {', '.join(p.name for p in present)}): an incomplete "
+                "ListOps layout; restore the missing file, or set data_dir= to another dir (nothing is generated "
+                "over existing files)"
+            )
+        if any(folder.iterdir()):
+            raise DataSourceError(
+                f"{folder} holds no {self.cfg['file_prefix']}_{{train,val,test}}.tsv but other files; ListOps is "
+                "generated only into an absent or empty dir: set data_dir= to another dir"
+            )
+
+    def generate_into(self, target: Path) -> None:
+        """Generate into a private temp dir beside `target`, then rename it into place (an interrupted generation
+        leaves no partial `listops-1000/`; a concurrent one that finished first wins)."""
+        c = self.cfg
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+        try:
+            generator.write_splits(
+                tmp,
+                c["gen_num_train"],
+                c["gen_num_val"],
+                c["gen_num_test"],
+                task=c["file_prefix"],
+                workers=c.get("gen_workers"),
+                seed=c["gen_seed"],
+                max_depth=c["gen_max_depth"],
+                max_args=c["gen_max_args"],
+                min_length=c["gen_min_length"],
+                max_length=c["gen_max_length"],
+            )
+            (tmp / GENERATOR_MARKER).write_text(json.dumps(self.generator_knobs(), sort_keys=True) + "\n")
+            if target.is_dir() and not any(target.iterdir()):
+                target.rmdir()
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if self.files() is None:
+                    raise
+                print(f"[listops] {target} was generated by another process meanwhile: using it")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def cache_params(self) -> dict[str, Any]:
         files = self.files() or {}

@@ -35,10 +35,13 @@ Splits (`split`, stated in `data_info.split`):
     (default seed 42): first `n - 2⌊0.1 n⌋` train, next `⌊0.1 n⌋` val, rest test — the procedure of S4's
     `random_split(..., seed 42)`. Not LRA's split.
 
-`generate_if_missing` (default true here, false for Path-X): when no copy exists, our seeded generator
-(`tasks.generate.pathfinder`) writes the full LRA-sized set (`gen_num_images` 200,000, ~15 CPU-minutes at
-32 px, spread over `gen_workers` processes) once, in the official layout, and `data_info.source` says it was
-generated. A smaller `gen_num_images` is for smoke tests only: numbers from it are not comparable to LRA's.
+`generate_if_missing` (default false, also for Path-X: a typo'd `data_dir` must not start a 15-CPU-minute job): when
+true and no copy exists, our seeded generator (`tasks.generate.pathfinder`) writes the full LRA-sized set
+(`gen_num_images` 200,000, ~15 CPU-minutes at 32 px, spread over `gen_workers` processes) once, in the official
+layout, after printing what it makes, where, and roughly how long; `data_info.source` says it was generated. It
+writes only into an absent or empty dir, never over or instead of existing files (a set generated with other knobs
+is an error, not regenerated), and a killed generation is detected, not used. A smaller `gen_num_images` is for
+smoke tests only: numbers from it are not comparable to LRA's.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ import math
 import multiprocessing as mp
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -76,6 +78,20 @@ DIFFICULTIES = {
 ALIASES = {"6": "baseline", "easy": "baseline", "intermediate": "9", "hard": "14"}
 TFDS_SPLIT_NAMES = {"baseline": "easy", "9": "intermediate", "14": "hard"}  # LRA builder's split = hash salt
 GENERATED_MARKER = "lra_bench_generated.json"
+GENERATING_MARKER = ".lra_bench_generating"  # present while a generation runs (left behind if it is killed)
+#: our generator's CPU time per image at 32 px (~15 CPU-minutes per 200,000; 128 px: ~1.7 CPU-hours, ≈ (r/32)^1.4)
+SECONDS_PER_IMAGE_32PX = 0.0045
+
+
+def generation_seconds_per_image(resolution: int) -> float:
+    """Rough CPU seconds per generated image (our measurements at 32 and 128 px, power-law between them)."""
+    return SECONDS_PER_IMAGE_32PX * (resolution / 32) ** 1.4
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{max(1, round(seconds / 60))} min"
+
+
 TOKENIZER_VERSION = "pixels-raw-v1"
 PARALLEL_MIN_IMAGES = 4096  # below this, decoding in-process beats starting workers
 DECODE_CHUNK = 2048
@@ -103,7 +119,7 @@ class PathfinderConfig:
     test_fraction: float = 0.1
     pixel0_is_padding: bool = False  # LRA's `inputs > 0` mask quirk (black pixels masked)
     build_workers: int = 0  # processes decoding PNGs; 0 = all CPUs (used from 4096 images on)
-    generate_if_missing: bool = True
+    generate_if_missing: bool = False  # 200,000 images (~15 CPU-min): only when asked, never on a typo'd data_dir
     gen_num_images: int = 200_000
     gen_seed: int = 0
     gen_workers: int = 0  # 0 = all CPUs
@@ -371,13 +387,16 @@ class PathfinderDataModule(LRADataModule):
     def ensure_source(self) -> None:
         """Generate when missing (and allowed); list and check the images only when the cache must be built."""
         root = self.root()
-        if root is not None and self.stale_generated(root):
-            if self.cfg["generate_if_missing"]:
-                print(f"[{self.name}] {root} was generated with other generator settings: regenerating")
-                shutil.rmtree(root)  # only ever a folder our generator wrote (it carries our marker)
-                self._listing, self._split_rows = None, None
-            else:
-                print(f"[{self.name}] warning: {root} was generated with other generator settings; using it")
+        if root is not None and (root / GENERATING_MARKER).exists():
+            raise DataSourceError(
+                f"{root}: a generation into it did not finish (interrupted?); delete {root} and run again"
+            )
+        if root is not None and self.stale_generated(root):  # never deleted or regenerated over
+            raise DataSourceError(
+                f"{root} holds images generated with other settings ({GENERATED_MARKER}); it is not regenerated "
+                "over: set data_dir= to a new or empty dir to generate these, or set the task.gen_* knobs back to "
+                "use it"
+            )
         if self.root() is None:
             if self.cfg["folder"] != "auto":
                 raise self.missing_error(f"task.folder={self.cfg['folder']} has no metadata/ folder")
@@ -398,19 +417,32 @@ class PathfinderDataModule(LRADataModule):
 
         c = self.cfg
         workers = int(c["gen_workers"]) or (os.cpu_count() or 1)
+        target = Path(self.data_dir).expanduser() / self.relative
+        if target.exists() and any(target.iterdir()):
+            raise DataSourceError(
+                f"{target} exists without metadata/ (a partial copy?); images are generated only into an absent or "
+                "empty dir: complete the copy, or set data_dir= to another dir"
+            )
+        n = int(c["gen_num_images"])
+        seconds = n * generation_seconds_per_image(self.resolution) / workers
         print(
-            f"[{self.name}] no {self.relative} under {self.data_dir}: generating {c['gen_num_images']} images "
-            f"with tasks.generate.pathfinder (seed {c['gen_seed']}, {workers} workers) — once; later runs reuse them"
+            f"[{self.name}] generating {n} images ({self.resolution}x{self.resolution}, contour length "
+            f"{self.contour_length}, seed {c['gen_seed']}) into {target} with {workers} processes: roughly "
+            f"{_duration(seconds)} — once; later runs reuse them",
+            flush=True,
         )
+        target.mkdir(parents=True, exist_ok=True)
+        (target / GENERATING_MARKER).write_text("generation in progress\n")  # removed only when complete
         root = generator.generate(
             Path(self.data_dir).expanduser(),
             resolution=self.resolution,
             contour_length=self.contour_length,
-            num_images=int(c["gen_num_images"]),
+            num_images=n,
             seed=int(c["gen_seed"]),
             workers=workers,
         )
         (Path(root) / GENERATED_MARKER).write_text(json.dumps(self.generator_knobs(), indent=2) + "\n")
+        (Path(root) / GENERATING_MARKER).unlink()
         return Path(root)
 
     def listing(self) -> Listing:

@@ -8,6 +8,7 @@ root, no apt) skip with the reason; an installed SLURM that fails to start is a 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +32,16 @@ def slurm_cluster_or_skip(**kwargs: object) -> Iterator[LocalSlurm]:
 def local_slurm() -> Iterator[LocalSlurm]:
     """A started cluster; `local_slurm.env` is the environment for sbatch/squeue/scontrol subprocesses."""
     yield from slurm_cluster_or_skip()
+
+
+def job_env(cluster: LocalSlurm, tmp_path: Path) -> dict[str, str]:
+    """The environment for a `run.py -m ... hydra/launcher=slurm` master on `cluster`: its SLURM_CONF, W&B offline
+    into tmp_path, one thread, unbuffered output."""
+    return {
+        **cluster.env,
+        "SLURM_CONF": str(cluster.conf),
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb-dir"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }

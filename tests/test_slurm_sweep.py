@@ -140,14 +140,7 @@ def test_slurm_sweep_requeue_resume_and_failure(local_slurm, tmp_path: Path, mon
         f"hydra.sweep.dir={sweep}",
         "hydra.callbacks.leaderboard.plots=false",
     ]
-    env = {
-        **local_slurm.env,
-        "SLURM_CONF": str(local_slurm.conf),
-        "WANDB_MODE": "offline",
-        "WANDB_DIR": str(tmp_path / "wandb-dir"),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = conftest_slurm.job_env(local_slurm, tmp_path)
     log_path = tmp_path / "master.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:

@@ -197,9 +197,15 @@ def test_missing_without_generation_three_ways(tmp_path: Path) -> None:
     assert "python -m tasks.generate.pathfinder --out" in msg and "--resolution 128" in msg
 
 
-def test_generate_if_missing(tmp_path: Path) -> None:
-    dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=20, gen_workers=1)
+def test_generate_if_missing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(DataSourceError):  # off by default: a typo'd data_dir never starts a 200k-image job
+        make_dm(tmp_path / "data", tmp_path).prepare_data()
+    assert not (tmp_path / "data").exists()
+    dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=20, gen_workers=1, generate_if_missing=True)
     dm.setup()
+    said = capsys.readouterr().out  # what, where, and roughly how long
+    assert "generating 20 images (32x32, contour length 14, seed 0)" in said and "roughly 1 min" in said
+    assert str(tmp_path / "data" / "pathfinder32" / "curv_contour_length_14") in said
     assert (tmp_path / "data" / "pathfinder32" / "curv_contour_length_14" / "metadata").is_dir()
     assert sum(len(dm.splits[s]) for s in ("train", "val", "test")) == 20
     labels = np.concatenate([np.asarray(dm.splits[s].table["label"]) for s in ("train", "val", "test")])
@@ -207,15 +213,36 @@ def test_generate_if_missing(tmp_path: Path) -> None:
     assert dm.data_info()["source"].startswith("generated:")
 
 
-def test_regenerates_when_generator_knobs_change(tmp_path: Path) -> None:
-    make_dm(tmp_path / "data", tmp_path, gen_num_images=30, gen_workers=1).prepare_data()
-    dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=20, gen_workers=1)
-    dm.setup()
-    assert sum(len(dm.splits[s]) for s in ("train", "val", "test")) == 20  # not the 30 left from before
-    kept = make_dm(tmp_path / "data", tmp_path, gen_num_images=10, generate_if_missing=False)
-    assert kept.stale_generated(kept.root())
-    kept.prepare_data()  # without generate_if_missing it warns and uses the data as it is, never deletes
-    assert len(list((kept.root() / "imgs" / "0").glob("*.png"))) == 20
+def test_other_generator_knobs_are_an_error_never_a_regeneration(tmp_path: Path) -> None:
+    """Changed generator knobs used to delete the set and regenerate it (or silently use it): now neither."""
+    make_dm(tmp_path / "data", tmp_path, gen_num_images=30, gen_workers=1, generate_if_missing=True).prepare_data()
+    root = tmp_path / "data" / "pathfinder32" / "curv_contour_length_14"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in root.rglob("*"))
+    for allowed in (True, False):
+        dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=20, gen_workers=1, generate_if_missing=allowed)
+        assert dm.stale_generated(dm.root())
+        with pytest.raises(DataSourceError, match=r"generated with other settings .*set data_dir= to a new or empty"):
+            dm.prepare_data()
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in root.rglob("*")) == before  # not a file touched
+
+
+def test_generation_only_into_an_absent_or_empty_dir(tmp_path: Path) -> None:
+    target = tmp_path / "data" / "pathfinder32" / "curv_contour_length_14"
+    (target / "imgs" / "0").mkdir(parents=True)
+    (target / "imgs" / "0" / "sample_0.png").write_bytes(b"user's file")  # a partial copy: no metadata/
+    dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=10, gen_workers=1, generate_if_missing=True)
+    with pytest.raises(DataSourceError, match="exists without metadata/"):
+        dm.prepare_data()
+    assert (target / "imgs" / "0" / "sample_0.png").read_bytes() == b"user's file"
+    assert not (target / "metadata").exists()
+
+
+def test_an_interrupted_generation_is_detected_not_used(tmp_path: Path) -> None:
+    dm = make_dm(tmp_path / "data", tmp_path, gen_num_images=10, gen_workers=1, generate_if_missing=True)
+    dm.prepare_data()
+    (dm.root() / ".lra_bench_generating").write_text("")  # what a killed generation leaves behind
+    with pytest.raises(DataSourceError, match="did not finish"):
+        make_dm(tmp_path / "data", tmp_path, gen_num_images=10, gen_workers=1, generate_if_missing=True).prepare_data()
 
 
 def tfds_rows(keys: dict[int, str], salt: str) -> list[int]:

@@ -33,6 +33,13 @@ def run_dir(run_name: str | None, override_dirname: str | None) -> str:
     return name
 
 
+def slurm_gpus(accelerator: str | None, devices: object) -> object:
+    """GPUs per node a SLURM job asks for: `trainer.devices` when the trainer runs on GPUs (`trainer=gpu`, `ddp`),
+    none otherwise. `accelerator=auto` (the default) asks for none, so the launcher works as-is on a CPU-only
+    partition, where a GPU request is rejected (`sbatch: error: Invalid generic resource (gres) specification`)."""
+    return devices if str(accelerator) in ("gpu", "cuda") else None
+
+
 def quiet_third_party_warnings() -> None:
     """Silence library chatter that says nothing about the run (deprecations inside Lightning, the srun hint
     printed on any machine with SLURM installed, Lightning's marketing tips)."""
@@ -55,4 +62,5 @@ def setup() -> None:
     from lra_bench.tuning import tuned_value  # light: omegaconf and hydra only
 
     OmegaConf.register_new_resolver("tuned", tuned_value, replace=True)
+    OmegaConf.register_new_resolver("slurm_gpus", slurm_gpus, replace=True)
     _DONE = True

@@ -1,16 +1,20 @@
-"""Cross-field checks that a schema cannot express, run before anything is built or trained.
+"""Checks run before anything is built or trained: component schemas, the types and ranges of every other knob
+(`RULES`), cross-field constraints a schema cannot express, and the paths a run reads and writes.
 
 Each failure is one `ConfigError` line naming the key, the value, and what would be valid.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.registry import ATTENTIONS, AXES, SELECTORS, UnknownComponent
@@ -23,6 +27,12 @@ PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true")
 
 class ConfigError(ValueError):
     """A configuration mistake; its message is the whole story (no traceback needed)."""
+
+
+class IncompatibleCombination(ConfigError):
+    """Two choices that each exist but cannot go together (a selector on an attention that takes none, cluster-mean
+    landmarks for an attention that needs token landmarks): in a sweep's cross product such a job is skipped with
+    one line (`hydra_plugins.lra_bench_sweeper`), not launched to fail."""
 
 
 def _device_count(devices: object) -> int | None:
@@ -64,17 +74,17 @@ def check_selector(cfg: DictConfig) -> None:
     selector = cfg.selector.name if cfg.get("selector") else "none"
     takers = [n for n in ATTENTIONS.names() if ATTENTIONS.get(n).takes_selector]
     if not cls.takes_selector and selector != "none":
-        raise ConfigError(
+        raise IncompatibleCombination(
             f"selector={selector}: attn={cfg.attn.name} takes no landmark selector; drop selector= or use one of "
             f"attn={','.join(takers)}"
         )
     if cls.takes_selector and selector == "none":
-        raise ConfigError(
+        raise IncompatibleCombination(
             f"selector=none: attn={cfg.attn.name} needs a landmark selector (e.g. selector=segment_means)"
         )
     if getattr(cls, "needs_token_landmarks", False) and not SELECTORS.get(selector).token_landmarks:
         tokens = [n for n in SELECTORS.names() if SELECTORS.get(n).token_landmarks]
-        raise ConfigError(
+        raise IncompatibleCombination(
             f"selector={selector}: attn={cfg.attn.name} needs token landmarks (exact columns of A), and {selector} "
             f"returns cluster means; use one of selector={','.join(tokens)}"
         )
@@ -118,24 +128,197 @@ def check_choices(cfg: DictConfig) -> None:
     for key, value, valid in pairs:
         if value not in valid:
             raise ConfigError(f"{key}={value!r}: expected one of {', '.join(valid)}")
-    if int(cfg.trainer.max_steps) < 1:
-        raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps}: must be >= 1")
-    if int(cfg.optim.warmup_steps) < 0:
-        raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps}: must be >= 0")
-    if int(cfg.model.num_heads) < 1:
-        raise ConfigError(f"model.num_heads={cfg.model.num_heads}: must be >= 1")
 
 
-def check_writable(output_dir: str | Path) -> None:
+# -- types and ranges of the non-component knobs ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """What a knob must be: `ok(value)` decides, `valid` says it in words (for the error line)."""
+
+    ok: Callable[[Any], bool]
+    valid: str
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def integer(lo: int = 0, hi: int | None = None) -> Rule:
+    span = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    return Rule(lambda v: _is_int(v) and v >= lo and (hi is None or v <= hi), span)
+
+
+def number(lo: float, *, above: bool = True, hi: float | None = None, below: bool = False) -> Rule:
+    """A finite number `> lo` (`above`) or `>= lo`, and `< hi` (`below`) or `<= hi` when `hi` is given."""
+
+    def ok(v: Any) -> bool:
+        if not _is_num(v) or (v <= lo if above else v < lo):
+            return False
+        return hi is None or (v < hi if below else v <= hi)
+
+    low = f"> {lo:g}" if above else f">= {lo:g}"
+    high = "" if hi is None else (f" and < {hi:g}" if below else f" and <= {hi:g}")
+    return Rule(ok, f"a number {low}{high}")
+
+
+def one_of(*rules: Rule) -> Rule:
+    return Rule(lambda v: any(r.ok(v) for r in rules), " or ".join(r.valid for r in rules))
+
+
+def choice(*values: Any) -> Rule:
+    return Rule(lambda v: v in values and type(v) in {type(x) for x in values}, "one of " + ", ".join(map(str, values)))
+
+
+NONE = Rule(lambda v: v is None, "null")
+BOOL = Rule(lambda v: isinstance(v, bool), "true or false")
+FRACTION = number(0.0, hi=1.0, below=True)  # in (0, 1)
+INDEX_LIST = Rule(
+    lambda v: v is None or (isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v)),
+    "null or a list of indices >= 0",
+)
+BETAS = Rule(
+    lambda v: isinstance(v, list) and len(v) == 2 and all(_is_num(b) and 0 <= b < 1 for b in v),
+    "two numbers in [0, 1), e.g. [0.9, 0.999]",
+)
+STEP_FRACTION = one_of(integer(1), number(0.0, hi=1.0))  # Lightning's "N batches or this fraction of them"
+
+#: every non-component knob a run reads, with what it must be (component nodes: `check_components`)
+RULES: dict[str, Rule] = {
+    "seed": integer(0, 2**32 - 1),  # numpy's and Lightning's seed range
+    "train": BOOL,
+    "test": BOOL,
+    "print_config": BOOL,
+    "model.dim": integer(1),
+    "model.depth": integer(1),
+    "model.num_heads": integer(1),
+    "model.head_dim": integer(1),
+    "model.ffn_dim": integer(1),
+    "model.head_hidden": integer(1),
+    "model.dropout": number(0.0, above=False, hi=1.0, below=True),
+    "optim.lr": number(0.0),
+    "optim.weight_decay": number(0.0, above=False),
+    "optim.betas": BETAS,
+    "optim.eps": number(0.0),
+    "optim.warmup_steps": integer(0),
+    "optim.grad_clip_val": one_of(NONE, number(0.0)),
+    "optim.grad_clip_algorithm": choice("norm", "value"),
+    "data.batch_size": integer(1),
+    "data.eval_batch_size": one_of(NONE, integer(1)),
+    "data.num_workers": integer(0),
+    "trainer.max_steps": integer(1),
+    "trainer.val_check_interval": STEP_FRACTION,
+    "trainer.limit_val_batches": STEP_FRACTION,
+    "trainer.limit_test_batches": STEP_FRACTION,
+    "trainer.log_every_n_steps": integer(1),
+    "trainer.accumulate_grad_batches": integer(1),
+    "trainer.num_sanity_val_steps": one_of(integer(0), choice(-1)),
+    "trainer.num_nodes": integer(1),
+    "trainer.deterministic": one_of(BOOL, choice("warn")),
+    "diagnostics.enabled": BOOL,
+    "diagnostics.every_n_validations": integer(1),
+    "diagnostics.max_len": integer(1),
+    "diagnostics.probe_size": integer(1),
+    "diagnostics.rank_tol": number(0.0),
+    "diagnostics.heads": INDEX_LIST,
+    "diagnostics.layers": INDEX_LIST,
+    "callbacks.checkpoint_every_n_steps": one_of(NONE, integer(1)),
+    "callbacks.stats_warmup_steps": integer(0),
+    "callbacks.progress_bar": one_of(choice("auto", "bar", "status", "none"), BOOL),
+    "callbacks.status_every_s": number(0.0),
+    "task.max_length": integer(1),
+    "task.seq_len": integer(1),
+}
+
+
+def check_table(cfg: DictConfig, rules: dict[str, Rule]) -> None:
+    """Every key of `rules` that `cfg` has, against its rule (absent keys are the schema's business)."""
+    for key, rule in rules.items():
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=True, default=_ABSENT)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
+        if value is _ABSENT:
+            continue
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        if not rule.ok(value):
+            raise ConfigError(f"{key}={value!r}: expected {rule.valid}")
+
+
+def check_rules(cfg: DictConfig) -> None:
+    """`RULES`, every `task.*_fraction` in (0, 1), and `task.max_length <= task.seq_len` (every task)."""
+    fractions = {f"task.{k}": FRACTION for k in cfg.get("task", {}) if str(k).endswith("_fraction")}
+    check_table(cfg, {**RULES, **fractions})
+    if int(cfg.task.max_length) > int(cfg.task.seq_len):
+        raise ConfigError(
+            f"task.max_length={cfg.task.max_length} exceeds task.seq_len={cfg.task.seq_len}: sequences are cut to "
+            f"max_length and padded to seq_len; set task.max_length <= {cfg.task.seq_len}"
+        )
+
+
+_ABSENT = object()
+
+
+# -- paths ------------------------------------------------------------------------------------------------------
+def _nearest_existing(path: Path) -> Path:
+    path = path.expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_dir_path(key: str, value: str | Path) -> None:
+    """`value` is a directory, or can become one: neither it nor a parent is a file."""
+    path = Path(str(value)).expanduser()
+    existing = _nearest_existing(path)
+    if not existing.is_dir():
+        where = "" if existing == path.absolute() else f" ({existing} is a file)"
+        raise ConfigError(f"{key}={value}: not a directory{where}; give {key}= a directory (or a new path)")
+
+
+def check_paths(cfg: DictConfig) -> None:
+    for key in ("data_dir", "cache_dir", "output_root"):
+        if cfg.get(key) is not None:
+            check_dir_path(key, cfg[key])
+    check_ckpt_path(cfg)
+
+
+RESUME_CHOICES = (None, "none", "null", "last")
+
+
+def check_ckpt_path(cfg: DictConfig) -> None:
+    """An explicit `ckpt_path` is a checkpoint that loads weights-only (before any data is built for it)."""
+    value = cfg.get("ckpt_path")
+    if value in RESUME_CHOICES:
+        return
+    from lra_bench.run.checkpointing import checkpoint_problem
+
+    path = Path(str(value)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path={value}: no such file; use 'last', null, or an existing .ckpt")
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise ConfigError(
+            f"ckpt_path={value}: not a usable checkpoint ({problem}); use 'last', null, or a checkpoint this "
+            "harness wrote"
+        )
+
+
+def check_writable(output_dir: str | Path, key: str = "output dir") -> None:
+    """The run dir exists or can be made, and a file can be created there (a real probe: root ignores modes)."""
     path = Path(output_dir)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+    check_dir_path(key, path)
+    try:  # probe the dir, or the nearest parent it would be made in: nothing is created by the check
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=_nearest_existing(path))
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
         raise ConfigError(
-            f"output dir {path} is not writable ({err.strerror}); set output_root= or hydra.run.dir="
+            f"output dir {path} is not writable ({err.strerror}); set output_root= or run_name=, or fix its permissions"
         ) from None
 
 
@@ -150,9 +333,41 @@ def check_resolvable(cfg: DictConfig) -> None:
         raise ConfigError(f"{key}: {message}") from None
 
 
+# -- user callbacks ---------------------------------------------------------------------------------------------
+def callback_nodes(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The `_target_` nodes under `callbacks:` (the harness's own settings are the scalar keys beside them)."""
+    node = cfg.get("callbacks") or {}
+    out = {}
+    for name, value in node.items():
+        if isinstance(value, DictConfig):
+            if "_target_" not in value:
+                raise ConfigError(
+                    f"callbacks.{name}: a node under callbacks: must be a Lightning callback with a _target_ "
+                    f"(e.g. +callbacks.{name}._target_=pytorch_lightning.callbacks.LearningRateMonitor)"
+                )
+            out[str(name)] = value
+    return out
+
+
+def check_callback_targets(cfg: DictConfig) -> None:
+    """Each `callbacks.<name>._target_` imports (built later, in `lra_bench.run.user_callbacks`)."""
+    from hydra._internal.utils import _locate
+
+    for name, node in callback_nodes(cfg).items():
+        target = node["_target_"]
+        try:
+            _locate(str(target))
+        except Exception as err:
+            reason = str(err).splitlines()[0]
+            raise ConfigError(f"callbacks.{name}._target_={target}: cannot import it ({reason})") from None
+
+
 def validate(cfg: DictConfig) -> None:
     check_resolvable(cfg)
     check_components(cfg)
+    check_rules(cfg)
+    check_paths(cfg)
+    check_callback_targets(cfg)
     check_selector(cfg)
     check_landmarks(cfg)
     check_batch(cfg)

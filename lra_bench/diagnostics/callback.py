@@ -21,7 +21,6 @@ Each head keeps its per-sequence values; head and probe summaries are medians pl
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +61,12 @@ LOGGED = (
 )
 
 
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Restore the global torch RNG streams (CPU and every initialised CUDA device) on exit."""
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+def preserved_rng() -> contextlib.AbstractContextManager[None]:
+    """`torch.random.fork_rng` over the CPU stream and the CUDA devices already in use: the global RNG streams are
+    restored on exit. (Not its default `devices=None`, which would initialise CUDA on a CPU run and warn on
+    multi-GPU nodes.)"""
+    in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if in_use else [])
 
 
 def rank_budget(attention: Any, n: int) -> int | None:

@@ -117,7 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
-        parser.error(f"no such directory: {', '.join(missing)}")
+        parser.exit(2, f"error: no such directory: {', '.join(missing)}\n")
+    if not data.find_results(args.dirs):  # an empty table would look like a leaderboard of nothing: refuse
+        where = ", ".join(map(str, args.dirs))
+        parser.exit(2, f"error: no results.json under {where}; give the sweep or run dirs that hold the runs\n")
     result = build_leaderboard(args.dirs, args.out, plots=not args.no_plots)
     wandb_dir, wandb_failed = None, False
     if args.wandb:

@@ -13,12 +13,12 @@ examples = 40 kB. `correct = pred == label`.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tasks.files import atomic_path
 
 FILENAME = "test_predictions.npz"
 FORMAT = "lra-bench/test-predictions/1"
@@ -39,20 +39,14 @@ class Predictions:
 
 
 def save_predictions(path: str | Path, label: np.ndarray, pred: np.ndarray) -> Path:
-    """Write atomically (temp file in the same dir, then rename), readable by the group like every output."""
+    """Write atomically (a temp file of this process beside `path`, then rename) with the umask's mode, like
+    every output (group-readable for shared leaderboards)."""
     path = Path(path)
     label, pred = np.asarray(label), np.asarray(pred)
     if label.shape != pred.shape or label.ndim != 1:
         raise ValueError(f"label {label.shape} and pred {pred.shape} must be equal 1-d shapes")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, format=np.array(FORMAT), label=label.astype(np.int16), pred=pred.astype(np.int16))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, format=np.array(FORMAT), label=label.astype(np.int16), pred=pred.astype(np.int16))
     return path
 
 

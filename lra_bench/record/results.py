@@ -39,17 +39,20 @@ null, so the leaderboard groups them by what they say (see `lra_bench.leaderboar
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from tasks.files import atomic_path
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 FILENAME = "results.json"
 STATUSES = ("running", "completed", "failed", "interrupted", "evaluated")
 FINAL_STATUSES = ("completed", "evaluated")  # a record in one of these is never rewritten by re-running it
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 METRIC_KEYS = (
     "val_acc",
@@ -112,20 +115,25 @@ def empty_record() -> dict[str, Any]:
 
 
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON to a temp file in the same directory, fsync, then rename: readers never see half a file."""
+    """Write JSON to a temp file of this process beside `path`, fsync, then rename: readers never see half a file;
+    the file gets the umask's mode (group-readable on shared clusters), a failed write leaves no temp file.
+
+    On a full disk (ENOSPC, EDQUOT, EFBIG) the record is rewritten in place instead: truncating frees the blocks the
+    new content needs, and a record that says `failed` beats one stuck at `running`.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    text = json.dumps(payload, indent=2, sort_keys=False, default=_jsonable) + "\n"
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2, sort_keys=False, default=_jsonable)
-            fh.write("\n")
+        with atomic_path(path) as tmp, open(tmp, "w") as fh:
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as err:
+        if err.errno not in DISK_FULL or not path.exists():
+            raise
+        with open(path, "w") as fh:
+            fh.write(text)
 
 
 def read_record(path: Path) -> dict[str, Any]:

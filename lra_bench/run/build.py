@@ -18,17 +18,26 @@ from tasks.masking import extra_tokens
 
 
 def build_datamodule(cfg: DictConfig) -> Any:
-    """The task's data module; for `stage=pretrain` its self-pretraining view (train inputs only, masked)."""
+    """The task's data module; for `stage=pretrain` its self-pretraining view (train inputs only, masked). A task
+    constructor's `ValueError` is an option it rejects (`task.difficulty=x`, lengths a task cannot have): a
+    `ConfigError`, one line, exit 2 — not a traceback."""
+    from lra_bench.config.validate import ConfigError
+
     cls = TASKS.get(cfg.task.name)
-    dm = cls(
-        OmegaConf.to_container(cfg.task, resolve=True),
-        data_dir=str(cfg.data_dir),
-        cache_dir=str(cfg.cache_dir),
-        batch_size=int(cfg.data.batch_size),
-        eval_batch_size=cfg.data.eval_batch_size,
-        num_workers=int(cfg.data.num_workers),
-        seed=int(cfg.seed),
-    )
+    try:
+        dm = cls(
+            OmegaConf.to_container(cfg.task, resolve=True),
+            data_dir=str(cfg.data_dir),
+            cache_dir=str(cfg.cache_dir),
+            batch_size=int(cfg.data.batch_size),
+            eval_batch_size=cfg.data.eval_batch_size,
+            num_workers=int(cfg.data.num_workers),
+            seed=int(cfg.seed),
+        )
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"task={cfg.task.name}: {err}") from None
     if cfg.get("stage") == "pretrain":
         from lra_bench.run.pretrain import pretraining_data
 
@@ -109,3 +118,12 @@ def build_model(cfg: DictConfig, dm: Any) -> nn.Module:
 
         return language_model(cfg, network, dm)
     return network
+
+
+def check_run_config(cfg: DictConfig) -> None:
+    """Everything a run checks before it builds anything, for the pre-flight of `run.py` and of every sweep job:
+    the config (`lra_bench.config.validate.validate`) and the task's own options (its constructor, no I/O)."""
+    from lra_bench.config.validate import validate
+
+    validate(cfg)
+    build_datamodule(cfg)

@@ -2,11 +2,22 @@
 
 Why this module exists:
 
-* `last.ckpt` is ours, not Lightning's. Since Lightning 2.6, `ModelCheckpoint(save_last=True)` writes `last.ckpt`
-  only when it also wrote a top-k file at that step, so the final state of a run (and most periodic states) never
-  reached `last.ckpt`. `LastCheckpoint` writes it every `every_n_train_steps`, after every validation, at the end
-  of training and when Lightning stops gracefully on SIGTERM; the previous one is kept as `last-prev.ckpt`
-  (written to a temp file, then renamed, so a kill mid-write never leaves a half file as `last.ckpt`).
+* Lightning's parts where they give the guarantee, ours where they do not — checked against the installed
+  pytorch-lightning 2.6.6 by tests/test_lightning_parts.py, which fails the day Lightning changes:
+  - best-val checkpoints are Lightning's `ModelCheckpoint` (`BestCheckpoint` only writes each file through a temp
+    file of this process and a rename: Lightning writes the final path directly, so a full disk or a kill left a
+    truncated `best-*.ckpt`);
+  - `last.ckpt` is ours. `ModelCheckpoint(save_last=True, every_n_train_steps=N)` writes it every N steps, but after
+    a validation only when a top-k file was written at that step, and at the end of training only if it never
+    wrote one (`on_train_end` checks `_last_checkpoint_saved`): a run whose `max_steps` is not a multiple of N never
+    has its final state in `last.ckpt`. It also writes the final path directly and keeps no previous file.
+    `LastCheckpoint` writes it every `every_n_train_steps`, after every validation, at the end of training and at
+    a stop signal's step boundary; the previous one is kept as `last-prev.ckpt` (temp file of this process, then
+    rename: a kill mid-write never leaves a half file as `last.ckpt`, a full disk leaves no temp file);
+  - the save at a stop signal is ours too: `ModelCheckpoint(save_on_exception=True)` and `OnExceptionCheckpoint`
+    save on every exception, the NaN stop of `FiniteGuard` included, i.e. exactly the poisoned weights that stop
+    exists to keep out of the checkpoints. `LastCheckpoint.on_exception` saves only on `SIGTERMException` (a clean
+    step boundary: SIGTERM, or Ctrl-C through `lra_bench.run.signals`).
 * `find_resumable` validates `last.ckpt` by loading it with `weights_only=True`; a truncated or unreadable file
   falls back to `last-prev.ckpt`, then to the newest `best-*.ckpt`, with a warning naming what was skipped.
 * `FiniteGuard` stops the run when a parameter turns NaN/Inf after an optimizer step, before any checkpoint
@@ -14,6 +25,7 @@ Why this module exists:
   by a poisoned state. The LightningModule already refuses a non-finite loss.
 * `RNGState` checkpoints the global RNGs (dropout), restored at train start: with the data order restored by
   `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
+  (Lightning has no callback for this; `torch.random.fork_rng` guards the RNG where diagnostics must not draw.)
 * `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off (see
   `lra_bench.run.train.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
   step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step (and its validation) and raises
@@ -31,6 +43,7 @@ import os
 import re
 import signal
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +51,14 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Checkpoint
+from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from tasks.files import make_readable, unique_tmp
+
 LAST = "last.ckpt"
 PREV = "last-prev.ckpt"
-_TMP = ".last.ckpt.tmp"
 REQUIRED_KEYS = ("state_dict", "global_step", "loops", "optimizer_states")
 
 
@@ -56,6 +70,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def checkpoint_problem(path: Path) -> str | None:
     """Why `path` cannot be resumed from (None when it can): unreadable, not weights-only, or incomplete."""
+    if Path(path).is_file() and not zipfile.is_zipfile(path):  # torch.save's format (Lightning's) is a zip archive
+        return "not a torch.save zip archive: truncated, or not a checkpoint"
     try:
         ckpt = load_checkpoint(path)
     except Exception as err:  # truncated zip, pickle error, unsafe global, I/O error: all mean "do not use"
@@ -103,6 +119,29 @@ def find_resumable(ckpt_dir: Path) -> Resume:
     return resume
 
 
+# -- best-*.ckpt -----------------------------------------------------------------------------------------------
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's `ModelCheckpoint` (top-k by `val/acc`), but each file is written to a temp file of this process
+    and renamed into place: Lightning writes the final path directly, so a full disk or a kill mid-write left a
+    truncated `best-*.ckpt` that the test stage (or a later resume's fallback) would load."""
+
+    @property
+    def state_key(self) -> str:
+        """ModelCheckpoint's key: the best score restores from checkpoints written before this subclass existed."""
+        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        tmp = unique_tmp(filepath)
+        try:
+            super()._save_checkpoint(trainer, str(tmp))
+            if trainer.is_global_zero:
+                make_readable(tmp)
+                os.replace(tmp, filepath)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._last_checkpoint_saved = filepath
+
+
 # -- last.ckpt -------------------------------------------------------------------------------------------------
 class LastCheckpoint(Checkpoint):
     """Keep `<dirpath>/last.ckpt` (and the previous one as `last-prev.ckpt`) current; see the module docstring.
@@ -121,14 +160,19 @@ class LastCheckpoint(Checkpoint):
         return "LastCheckpoint"
 
     def save(self, trainer: pl.Trainer) -> None:
-        tmp, last, prev = self.dirpath / _TMP, self.dirpath / LAST, self.dirpath / PREV
+        last, prev = self.dirpath / LAST, self.dirpath / PREV
+        tmp = unique_tmp(last)  # this process's own temp file (only rank 0 writes it), removed on any failure
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(str(tmp), weights_only=False)
-        if trainer.is_global_zero:
-            if last.exists() and self.saved_step != trainer.global_step:  # same step again: keep the older prev
-                os.replace(last, prev)
-            os.replace(tmp, last)
+        try:
+            trainer.save_checkpoint(str(tmp), weights_only=False)
+            if trainer.is_global_zero:
+                make_readable(tmp)
+                if last.exists() and self.saved_step != trainer.global_step:  # same step again: keep the older prev
+                    os.replace(last, prev)
+                os.replace(tmp, last)
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk: the partial file goes, last.ckpt stays the previous one
         self.saved_step = trainer.global_step
 
     def _fitting(self, trainer: pl.Trainer) -> bool:

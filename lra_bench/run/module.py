@@ -46,6 +46,7 @@ class LRAModule(pl.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # in the checkpoint: a resumed run keeps its best, not a fresh -inf
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model(batch)
@@ -72,6 +73,18 @@ class LRAModule(pl.LightningModule):
         self.val_acc(preds, batch["label"])
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint from before `val_acc_best` was saved: start it from the best score the checkpoint holds."""
+        state = checkpoint.get("state_dict", {})
+        if "val_acc_best.max_value" not in state:
+            scores = [
+                v.get("best_model_score")
+                for k, v in checkpoint.get("callbacks", {}).items()
+                if isinstance(v, dict) and "ModelCheckpoint" in str(k)
+            ]
+            best = next((float(s) for s in scores if s is not None), float("-inf"))
+            state["val_acc_best.max_value"] = torch.tensor(best)
 
     def on_validation_epoch_end(self) -> None:
         self.val_acc_best(self.val_acc.compute())

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench.config.validate import check_writable, validate
@@ -31,10 +30,14 @@ from lra_bench.run import checkpointing, pretrain
 from lra_bench.run.build import build_datamodule, build_model
 from lra_bench.run.console import print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
+from lra_bench.run.lock import RunDirLock
 from lra_bench.run.loggers import build_loggers, finish_wandb
+from lra_bench.run.progress import progress_callbacks
 from lra_bench.run.schedule import check_steps_ran
+from lra_bench.run.signals import StopSignals
 from lra_bench.run.start import start_run
 from lra_bench.run.test_outputs import TestOutputs, test_and_record
+from lra_bench.run.user_callbacks import instantiate_callbacks
 
 CHECKPOINT_DIR = "checkpoints"
 EFFICIENCY_KEYS = ("step_time_median_s", "tokens_per_s", "data_share", "peak_memory_mib", "peak_memory_kind")
@@ -132,12 +135,10 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
         resume = checkpointing.find_resumable(output_dir / CHECKPOINT_DIR)
         checkpointing.log_resume(resume)
         return resume.path
-    path = Path(str(cfg.ckpt_path)).expanduser()
-    if not path.exists():
-        from lra_bench.config.validate import ConfigError
+    from lra_bench.config.validate import check_ckpt_path
 
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file; use 'last', null, or an existing .ckpt")
-    return str(path)
+    check_ckpt_path(cfg)  # (validate() checked it too; the file may have changed since)
+    return str(Path(str(cfg.ckpt_path)).expanduser())
 
 
 def checkpoint_step(path: str | None) -> int | None:
@@ -171,10 +172,15 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     check_launch(cfg)
     check_writable(output_dir)
     is_zero = rank_zero_only.rank == 0
-    if not cfg.train:
+    lock = RunDirLock(output_dir).acquire() if is_zero else None  # before the record: never clobber a live run's
+    if not cfg.train:  # test one checkpoint (lra_bench.run.evaluation)
         from lra_bench.run.evaluation import evaluate
 
-        return evaluate(cfg, output_dir)
+        try:
+            return evaluate(cfg, output_dir)
+        finally:
+            if lock is not None:
+                lock.release()
 
     def write_record() -> None:
         if is_zero and owned:
@@ -193,6 +199,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         print_config(cfg, save_to=output_dir / "config_tree.log")
 
     requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
+    stop = StopSignals().install()  # SIGTERM/Ctrl-C: finish the step, save, exit 143/130 (lra_bench.run.signals)
     trainer: pl.Trainer | None = None
     try:
         pl.seed_everything(int(cfg.seed), workers=True)
@@ -214,7 +221,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         owned = True
         record["run"]["resumed_from_step"] = checkpoint_step(ckpt)
         # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
-        checkpoint = ModelCheckpoint(
+        checkpoint = checkpointing.BestCheckpoint(
             dirpath=str(output_dir / CHECKPOINT_DIR),
             filename="best-{step}",
             monitor="val/acc",
@@ -232,6 +239,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             checkpoint,
             last,
             requeue,  # after `last`: its on_train_end hand-over comes after the final save
+            stop,
             efficiency,
             start.stamp,  # type: ignore[list-item]
             test_outputs,
@@ -240,8 +248,8 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         fault = cfg.get("fault")
         if fault:
             callbacks.append(checkpointing.FaultInjection(**OmegaConf.to_container(fault, resolve=True)))
-        if cfg.callbacks.progress_bar:
-            callbacks.append(RichProgressBar())
+        progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
+        callbacks += [*progress, *instantiate_callbacks(cfg)]
         loggers, wandb_id = build_loggers(
             cfg, output_dir, run_name=f"{cfg.task.name}-{cfg.attn.name}-{output_dir.name}"
         )
@@ -253,9 +261,10 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             default_root_dir=str(output_dir),
             max_epochs=-1,
             check_val_every_n_epoch=None,
-            enable_progress_bar=bool(cfg.callbacks.progress_bar),
+            enable_progress_bar=bar,
             plugins=slurm_plugins(),
         )
+        stop.trainer = trainer
         if cfg.train:
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)
         record["run"]["segments"] = start.stamp.segments  # type: ignore[union-attr]
@@ -278,7 +287,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             test_and_record(trainer, module, dm, best, test_outputs, record, output_dir)
         record["status"] = "completed"
     except BaseException as err:
-        signalled = trainer is not None and trainer.received_sigterm
+        signalled = stop.received is not None or (trainer is not None and trainer.received_sigterm)
         if not isinstance(err, (KeyboardInterrupt, SystemExit)) and not signalled:
             record["status"], record["error"] = "failed", f"{type(err).__name__}: {err}"
             raise
@@ -286,14 +295,19 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         # shutting down (W&B's service gets the SIGTERM too) is part of the stop, and must not end the job as a
         # normal failure: a submitit job that returns leaves a result that the sweep would take as final
         record["status"] = "interrupted"
-        record["error"] = f"{type(err).__name__}: stopped by a signal; re-running the same command resumes"
+        record["error"] = stop.describe(trainer.global_step if trainer is not None else None)
+        if stop.received is not None:  # exit 143 (SIGTERM) or 130 (Ctrl-C), the shell's convention
+            raise SystemExit(stop.exit_status()) from err
         if not isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise SystemExit(f"stopped by a signal ({type(err).__name__}: {err})") from err
         raise
     finally:
+        stop.restore()
         record["run"]["finished_at"] = now()
         write_record()
         finish_wandb()
+        if lock is not None:
+            lock.release()
         if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
             requeue.hand_over()
     if is_zero:

@@ -251,9 +251,12 @@ def write_splits(
         "test": rows[num_train + num_val :],
     }
     for name, split_rows in splits.items():
-        tmp = out / f".{task}_{name}.tsv.tmp"
-        write_tsv(tmp, split_rows)
-        tmp.replace(out / f"{task}_{name}.tsv")
+        tmp = out / f".{task}_{name}.tsv.{os.getpid()}.tmp"  # one per process: concurrent writers never share one
+        try:
+            write_tsv(tmp, split_rows)
+            tmp.replace(out / f"{task}_{name}.tsv")
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
 
 

@@ -1,0 +1,191 @@
+"""Bad input → one line naming the key (or file), the value and what is valid; exit 2; nothing written.
+
+The pre-flight (`lra_bench.config.preflight`) is called in-process for the many config cases (fast) and through
+real `run.py` / `python -m lra_bench.bench` / `python -m lra_bench.leaderboard` processes for a representative few.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lra_bench.bench.checks import check_bench
+from lra_bench.config.preflight import preflight
+from lra_bench.run.build import check_run_config
+from tasks.layout import DataSourceError
+from tests.conftest import REPO, TINY_LISTOPS, compose
+
+SEQ_LENS = {"listops": 2048, "text": 4096, "retrieval": 4096, "image": 1024, "pathfinder": 1024, "pathx": 16384}
+
+
+def _refused(capsys: pytest.CaptureFixture, argv: list[str], **kwargs) -> str:
+    """Run the pre-flight on `argv`; it must exit 2 with exactly one `error:` line on stderr (returned)."""
+    with pytest.raises(SystemExit) as exit_:
+        preflight(argv, **kwargs)
+    assert exit_.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> dict[str, Path]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 cut short")
+    return {"file": a_file, "corrupt": corrupt, "out": tmp_path / "out"}
+
+
+CASES = [
+    (["optim.lr=abc"], "optim.lr='abc': expected a number > 0"),
+    (["optim.lr=0"], "optim.lr=0: expected a number > 0"),
+    (["optim.lr=-1e-3"], "optim.lr=-0.001: expected a number > 0"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval=0: expected an integer >= 1 or a number > 0"),
+    (["seed=-1"], "seed=-1: expected an integer in [0, 4294967295]"),
+    (["data.batch_size=abc"], "data.batch_size='abc': expected an integer >= 1"),
+    (["model.dropout=1.5"], "model.dropout=1.5: expected a number >= 0 and < 1"),
+    (["task=pathfinder", "task.difficulty=99"], "task=pathfinder: task.difficulty='99': expected one of baseline"),
+    (["task=image", "task.val_fraction=0"], "task.val_fraction=0.0: expected a number > 0 and < 1"),
+    (["task=text", "task.holdout_fraction=1.5"], "task.holdout_fraction=1.5: expected a number > 0 and < 1"),
+    (["attn=fulll"], "Could not find 'attn/fulll' Available options in 'attn': full gpa"),
+    (["atn=full"], "Could not override 'atn'. To append to your config use +atn=full"),
+    (["optim.lr=["], "no viable alternative at input '['"),
+    (["attn=nystrom", "selector=kmeans,uniform"], "Ambiguous value for argument 'selector=kmeans,uniform'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_config_mistakes_are_one_line_exit_2(capsys, paths, argv: list[str], message: str) -> None:
+    line = _refused(capsys, [*argv, f"output_root={paths['out']}"], check=check_run_config)
+    assert message in line
+    assert not paths["out"].exists()  # nothing written
+
+
+@pytest.mark.parametrize("task", sorted(SEQ_LENS))
+def test_max_length_beyond_seq_len_is_one_line_for_every_task(capsys, paths, task: str) -> None:
+    n = SEQ_LENS[task]
+    line = _refused(
+        capsys, [f"task={task}", f"task.max_length={n + 1}", f"output_root={paths['out']}"], check=check_run_config
+    )
+    assert f"task.max_length={n + 1} exceeds task.seq_len={n}" in line
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("data_dir", "data_dir={file}: not a directory"),
+        ("cache_dir", "cache_dir={file}: not a directory"),
+        ("output_root", "output_root={file}: not a directory"),
+        ("ckpt_path", "ckpt_path={corrupt}: not a usable checkpoint (not a torch.save zip archive"),
+    ],
+)
+def test_bad_paths_are_one_line_exit_2(capsys, paths, key: str, message: str) -> None:
+    value = paths["corrupt"] if key == "ckpt_path" else paths["file"]
+    out = [] if key == "output_root" else [f"output_root={paths['out']}"]
+    line = _refused(capsys, [f"{key}={value}", *out], check=check_run_config)
+    assert message.format(**paths) in line
+
+
+def test_an_existing_run_dir_that_is_not_writable(capsys, tmp_path: Path) -> None:
+    run_dir = tmp_path / "out" / "listops" / "gpa" / "default"
+    run_dir.mkdir(parents=True)
+    if os.geteuid() == 0:  # root writes through modes: a read-only mount is what stops it
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(run_dir)], capture_output=True
+        )
+        if mounted.returncode != 0:
+            pytest.skip(f"as root, only a read-only mount makes a dir unwritable, and mount failed: {mounted.stderr!r}")
+    else:
+        run_dir.chmod(0o555)
+    try:
+        line = _refused(capsys, [f"output_root={tmp_path / 'out'}"])
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(run_dir)], check=False)
+        else:
+            run_dir.chmod(0o755)
+    assert f"output dir {run_dir} is not writable" in line
+
+
+def test_bench_settings_are_one_line_exit_2(capsys, tmp_path: Path) -> None:
+    for argv, message in [
+        (["seq_lens=[0]"], "seq_lens=[0]: expected a non-empty list of sequence lengths >= 1"),
+        (["seq_lens=[1024,-8]"], "seq_lens=[1024, -8]: expected a non-empty list"),
+        (["batch_size=-2"], "batch_size=-2: expected an integer >= 1"),
+        (["landmarks=[0]"], "landmarks=[0]: expected a list of landmark counts >= 1 or 'log2'"),
+    ]:
+        line = _refused(capsys, [*argv, f"hydra.run.dir={tmp_path / 'b'}"], config_name="bench", check=check_bench)
+        assert message in line
+    assert not (tmp_path / "b").exists()
+
+
+def test_leaderboard_of_an_empty_dir_is_one_line_exit_2(capsys, tmp_path: Path) -> None:
+    from lra_bench.leaderboard.build import main
+
+    for argv, message in [([str(tmp_path)], "no results.json under"), ([str(tmp_path / "nope")], "no such directory")]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
+    assert not list(tmp_path.iterdir())  # no empty leaderboard files written
+
+
+# -- data files -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"Source\tTarget\r\n( [MAX 2 \xff 3 ] )\t3\r\n", "not UTF-8 text (invalid start byte at byte"),
+        (b"Source\tTarget\r\n", "no examples after the header"),
+    ],
+    ids=["non-utf8", "header-only"],
+)
+def test_bad_tsv_is_one_line_naming_the_file(tmp_path: Path, content: bytes, message: str) -> None:
+    from lra_bench.run.train import train
+    from tasks.generate import listops as generator
+
+    folder = tmp_path / "data" / "listops-1000"
+    generator.write_splits(folder, 16, 8, 8, progress=False, max_depth=3, min_length=8, max_length=64)
+    (folder / "basic_val.tsv").write_bytes(content)
+    cfg = compose([*TINY_LISTOPS, "attn=full", f"data_dir={tmp_path / 'data'}", "task.generate_if_missing=false"])
+    with pytest.raises(DataSourceError) as err:
+        train(cfg, tmp_path / "run")
+    assert str(err.value).startswith(f"{folder / 'basic_val.tsv'}: ") and message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+# -- the real command lines -----------------------------------------------------------------------------------------
+def _cli(*argv: str, module: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, *(["-m", module] if module else [str(REPO / "run.py")]), *argv]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_command_lines_refuse_with_one_line_and_write_nothing(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    out = tmp_path / "out"
+    cases = [
+        ([f"output_root={out}", "attn=fulll"], None, "Could not find 'attn/fulll'"),
+        ([f"output_root={out}", "optim.lr=abc"], None, "optim.lr='abc'"),
+        ([f"output_root={out}", "trainer.val_check_interval=0"], None, "trainer.val_check_interval=0"),
+        ([f"output_root={a_file}"], None, f"output_root={a_file}: not a directory"),
+        ([f"hydra.run.dir={out}/b", "seq_lens=[0]"], "lra_bench.bench", "seq_lens=[0]"),
+        ([str(tmp_path / "empty")], "lra_bench.leaderboard", "no such directory"),
+    ]
+    for argv, module, message in cases:
+        proc = _cli(*argv, module=module)
+        err = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(err) == 1 and message in err[0], (
+            argv,
+            proc.returncode,
+            proc.stderr[-2000:],
+        )
+    assert not out.exists()

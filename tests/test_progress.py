@@ -1,0 +1,103 @@
+"""What a person sees, from real `run.py` processes: in a terminal (a real pseudo-terminal) the bar counts
+`step/max_steps` with the loss and an ETA, not "Epoch 0/-2"; without one a status line every N seconds; and
+`run.log` holds the run's log — the status lines, the summary, the error — not only Lightning's few records."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from lra_bench.run.progress import progress_mode
+from tests.conftest import REPO, TINY_LISTOPS, run_cli
+
+ARGS = [
+    *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "callbacks.progress_bar"))],
+    "attn=full",
+    "trainer.max_steps=12",
+    "diagnostics.enabled=false",
+    "run_name=p",
+]
+
+
+def test_auto_is_a_bar_in_a_terminal_and_status_lines_otherwise() -> None:
+    assert progress_mode("auto", isatty=True) == "bar" and progress_mode("auto", isatty=False) == "status"
+    assert progress_mode(True, isatty=False) == "status" and progress_mode(False) == "none"
+    assert progress_mode("bar", isatty=False) == "bar"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_without_a_terminal_status_lines_and_run_log_holds_the_run(tmp_path: Path) -> None:
+    proc = run_cli([*ARGS, "callbacks.progress_bar=auto", "callbacks.status_every_s=0.001"], tmp_path)
+    lines = re.findall(r"\[lra-bench\] step (\d+)/12 \(.*%\) \| loss [\d.]+ .*steps/s", proc.stdout)
+    assert lines and lines[-1] == "12", proc.stdout[-3000:]
+    assert "ETA " in proc.stdout and "Epoch 0/-2" not in proc.stdout
+    log = (tmp_path / "outputs" / "listops" / "full" / "p" / "run.log").read_text()
+    assert "[lra-bench] step 12/12" in log  # our prints
+    assert "lra-bench — listops · full — completed" in log and "results.json" in log  # the summary
+    assert "[pytorch_lightning" in log  # Hydra's logging records still go there
+    assert "\x1b[" not in log and "\r" not in log  # no terminal codes, no redraws
+
+    failed = run_cli(
+        [*ARGS, "run_name=q", "task.generate_if_missing=false", "data_dir=/nonexistent"], tmp_path, check=False
+    )
+    assert failed.returncode == 2
+    log = (tmp_path / "outputs" / "listops" / "full" / "q" / "run.log").read_text()
+    assert "error: ListOps files basic_{train,val,test}.tsv not found" in log  # the error is in the run's log
+    crashed = run_cli([*ARGS, "run_name=n", "+fault.nan_loss_at_step=2"], tmp_path, check=False)
+    assert crashed.returncode != 0
+    log = (tmp_path / "outputs" / "listops" / "full" / "n" / "run.log").read_text()
+    assert "Traceback (most recent call last)" in log and "FloatingPointError: loss is nan at step 1" in log
+
+
+def _read_pty(fd: int, proc: subprocess.Popen, timeout: float) -> str:
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # the other side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_in_a_terminal_the_bar_counts_steps_to_max_steps(tmp_path: Path) -> None:
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a 160-column terminal
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "COLUMNS": "160", "TERM": "xterm"}
+    cmd = [sys.executable, str(REPO / "run.py"), *ARGS, "callbacks.progress_bar=auto", "+fault.step_sleep_s=0.1"]
+    cmd += [f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    try:
+        screen = _read_pty(primary, proc, timeout=400)
+        proc.wait(timeout=60)
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, screen[-3000:]
+    bar = [line for line in re.split(r"[\r\n]", screen) if "train step" in line]
+    assert bar and any("12/12" in line for line in bar), screen[-3000:]
+    assert any(re.search(r"\d+/12 \[[\d:]+<[\d:?]+", line) for line in bar)  # elapsed<remaining: the ETA
+    assert any("train/loss=" in line for line in bar)
+    assert "/-2" not in screen  # Lightning's "Epoch 0/-2" of a max_steps run

@@ -1,0 +1,175 @@
+"""Real signals to real `run.py` processes: SIGTERM and Ctrl-C save `last.ckpt` at the signal's step, record the
+run as `interrupted` and exit 143 / 130; a signal before training still records the stop; the same command resumes
+from exactly that step, and W&B's two offline parts continue each other's steps (one run once synced).
+
+SIGTERM goes to the process and its children, as SLURM and `kill` of a job's process tree do: W&B's service dies with
+it. Ctrl-C (SIGINT) goes to the process only, as a terminal sends it (W&B's service runs in its own session).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from lra_bench.record import results
+from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.wandb_log import history_steps, run_ids
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS, VAL_EVERY = 30, 10
+ARGS = [
+    *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval", "logger="))],
+    "attn=full",
+    f"trainer.max_steps={MAX_STEPS}",
+    f"trainer.val_check_interval={VAL_EVERY}",  # last.ckpt after the validation at 10; the next at 20
+    "trainer.log_every_n_steps=1",  # a W&B call in every step
+    "+fault.step_sleep_s=0.3",
+    "diagnostics.enabled=false",
+    "run_name=sig",
+]
+SAVED = re.compile(r"stopped by a signal: saved .*last\.ckpt at step (\d+)")
+
+
+def _step(path: Path) -> int:
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+    except Exception:  # absent, or being replaced right now
+        return -1
+
+
+def _env(tmp_path: Path, logger: str) -> dict[str, str]:
+    mode = "offline" if logger == "default" else "disabled"
+    return {"WANDB_MODE": mode, "WANDB_DIR": str(tmp_path / "wandb-dir"), "OMP_NUM_THREADS": "1"}
+
+
+def _args(tmp_path: Path, logger: str, *extra: str) -> list[str]:
+    return [*ARGS, f"logger={logger}", f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}", *extra]
+
+
+def _interrupt(tmp_path: Path, logger: str, signum: int, *, tree: bool) -> tuple[int, str, Path, float]:
+    """Start the run, wait for the post-validation last.ckpt (step 10), let ~5 more steps pass, send `signum`.
+    Returns (exit code, output, run dir, seconds from the signal to the exit)."""
+    out = tmp_path / "outputs" / "listops" / "full" / "sig"
+    log_path = tmp_path / f"{signal.Signals(signum).name}.log"
+    env = {**os.environ, **_env(tmp_path, logger), "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "run.py"), *_args(tmp_path, logger)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while _step(out / "checkpoints" / "last.ckpt") != VAL_EVERY:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no last.ckpt at step 10 in time"
+                time.sleep(0.05)
+            time.sleep(1.5)
+            targets = [psutil.Process(proc.pid)]
+            if tree:
+                targets += targets[0].children(recursive=True)  # wandb-core too, as SLURM signals a job
+            sent = time.monotonic()
+            for p in targets:
+                p.send_signal(signum)
+            proc.wait(timeout=120)
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return proc.returncode, log_path.read_text(errors="replace"), out, took
+
+
+def _saved_step(output: str) -> int:
+    found = SAVED.findall(output)
+    assert found, output[-3000:]
+    return int(found[-1])
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_saves_at_the_signal_exits_143_and_the_same_command_resumes_there(tmp_path: Path) -> None:
+    rc, output, out, took = _interrupt(tmp_path, "default", signal.SIGTERM, tree=True)
+    assert rc == 143, output[-3000:]
+    step = _saved_step(output)
+    assert VAL_EVERY < step < 2 * VAL_EVERY  # between two validations: saved because of the signal
+    assert _step(out / "checkpoints" / "last.ckpt") == step
+    record = results.read_record(out / results.FILENAME)
+    assert record["status"] == "interrupted" and f"stopped by SIGTERM at step {step}" in record["error"]
+    assert "W&B logging stopped" in output  # the service died with the signal; training went on to the boundary
+    print(f"SIGTERM: saved at step {step} ({step - VAL_EVERY} steps after the last periodic save), exit {took:.1f}s")
+
+    run_cli(_args(tmp_path, "default"), tmp_path, env=_env(tmp_path, "default"))  # the same command again
+    record = results.read_record(out / results.FILENAME)
+    assert record["status"] == "completed" and record["run"]["resumed_from_step"] == step
+    assert record["metrics"]["train_steps"] == MAX_STEPS
+
+    # one W&B run id, two offline parts whose steps continue each other (W&B's own step is the trainer's)
+    wandb_id = (out / "wandb_id.txt").read_text().strip()
+    parts = sorted(out.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(parts) == 2 and run_ids(parts) == {wandb_id}
+    first, second = (history_steps(p) for p in parts)
+    assert first == sorted(first) and second == sorted(second)
+    assert first[-1] >= VAL_EVERY and second[0] == step >= first[-1] and second[-1] == MAX_STEPS, (first, second)
+    wandb = Path(sys.executable).with_name("wandb")
+    sync = subprocess.run(
+        [str(wandb), "sync", "--dry-run", "--id", wandb_id, *map(str, (p.parent for p in parts))],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WANDB_MODE": "offline"},
+        timeout=120,
+    )
+    assert sync.returncode == 0 and "Would sync 2 run(s)" in sync.stderr + sync.stdout, sync.stderr  # the README's
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_saves_at_the_signal_and_exits_130(tmp_path: Path) -> None:
+    rc, output, out, took = _interrupt(tmp_path, "csv", signal.SIGINT, tree=False)
+    assert rc == 130, output[-3000:]
+    step = _saved_step(output)
+    assert VAL_EVERY < step < 2 * VAL_EVERY and _step(out / "checkpoints" / "last.ckpt") == step
+    record = results.read_record(out / results.FILENAME)
+    assert record["status"] == "interrupted" and f"stopped by SIGINT at step {step}" in record["error"]
+    assert "Ctrl-C again to stop at once" in output
+    print(f"Ctrl-C: saved at step {step}, exit {took:.1f}s after the signal")
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_before_training_records_the_stop_and_exits_143(tmp_path: Path) -> None:
+    """While the data is generated (no step to finish): the record says interrupted, not running forever."""
+    out = tmp_path / "outputs" / "listops" / "full" / "sig"
+    args = _args(tmp_path, "csv", "task.gen_num_train=40000", "task.gen_max_length=64")
+    env = {**os.environ, **_env(tmp_path, "csv")}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "run.py"), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "data").glob(".listops-1000.*.tmp")):  # the record is written; generating
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, output[-3000:]
+    record = results.read_record(out / results.FILENAME)
+    assert record["status"] == "interrupted" and "SIGTERM" in record["error"], record["error"]
+    assert not (out / "checkpoints").exists()  # nothing to save, nothing half-written
+    assert not list((tmp_path / "data").glob(".listops-1000.*.tmp"))  # the generation's temp dir went too
