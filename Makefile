@@ -32,8 +32,9 @@ test: $(STAMP)  ## run the whole test suite (fast tier, then the slow tier)
 test-fast: $(STAMP)  ## the fast tier only
 	$(PY) -m pytest -q -m "not slow and not gpu"
 
-demo: $(STAMP)  ## quick ListOps run with GPA on generated data (CSV + offline W&B)
-	$(PY) run.py experiment=demo
+DEMO_ARGS ?=
+demo: $(STAMP)  ## quick ListOps run with GPA on generated data (CSV + offline W&B); DEMO_ARGS='key=value …' adds overrides
+	$(PY) run.py experiment=demo $(DEMO_ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .

@@ -57,7 +57,7 @@ def test_one_command_pretrains_then_finetunes_and_links_the_records(straight: tu
     assert "pretraining stage already completed" in proc.stdout
     assert run_record(job / "pretrain")["run"]["started_at"] == started  # not rerun, not even resumed
     again = run_record(job / "finetune")
-    assert again["run"]["resumed_from_step"] == 12 and again["metrics"]["test_acc"] == fine["metrics"]["test_acc"]
+    assert again == fine  # a completed fine-tune is left as it is too (its record byte-identical: not re-tested)
 
     proc = run_cli([*SPT_ARGS, "run_name=straight", "spt.mask_ratio=0.3"], root, check=False)
     assert proc.returncode == 2

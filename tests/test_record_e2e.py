@@ -175,7 +175,8 @@ def test_corrupt_or_foreign_checkpoints_are_refused_before_training(trained: dic
     broken = root / "broken.ckpt"
     broken.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
     proc = run_cli([*ARGS, f"ckpt_path={broken}", "run_name=broken"], root, check=False)
-    assert proc.returncode == 2 and last_line(proc.stderr).startswith(f"error: ckpt_path={broken}: cannot use")
+    assert proc.returncode == 2
+    assert last_line(proc.stderr).startswith(f"error: ckpt_path={broken}: not a usable checkpoint")
 
 
 # -- item 2 -----------------------------------------------------------------------------------------------------

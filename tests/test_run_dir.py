@@ -114,7 +114,16 @@ def _stale(root: Path) -> list[str]:
 @pytest.mark.parametrize("full", ["tmpfs", "rlimit"])
 def test_a_full_disk_fails_the_run_honestly_and_leaves_nothing_that_blocks_the_next(tmp_path: Path, full: str) -> None:
     data = tmp_path / "data"
-    run_cli([*ARGS, "trainer.max_steps=1", f"data_dir={data}", f"output_root={tmp_path / 'warm'}"], tmp_path)
+    run_cli(
+        [
+            *ARGS,
+            "trainer.max_steps=1",
+            "trainer.val_check_interval=1",
+            f"data_dir={data}",
+            f"output_root={tmp_path / 'warm'}",
+        ],
+        tmp_path,
+    )
     outputs = tmp_path / "outputs"
     args = [*ARGS, "trainer.max_steps=4", f"data_dir={data}", f"output_root={outputs}"]
     with contextlib.ExitStack() as stack:

@@ -77,12 +77,15 @@ def _interrupt(tmp_path: Path, logger: str, signum: int, *, tree: bool) -> tuple
                 assert time.monotonic() < deadline, "no last.ckpt at step 10 in time"
                 time.sleep(0.05)
             time.sleep(1.5)
-            targets = [psutil.Process(proc.pid)]
-            if tree:
-                targets += targets[0].children(recursive=True)  # wandb-core too, as SLURM signals a job
+            main = psutil.Process(proc.pid)
+            children = main.children(recursive=True) if tree else []
             sent = time.monotonic()
-            for p in targets:
+            # as SLURM signals a job: every process of it, wandb-core too. The service dies first (it is signalled
+            # first and waited for), so the run's next W&B call meets a dead service whatever the machine's load
+            for p in children:
                 p.send_signal(signum)
+            psutil.wait_procs(children, timeout=30)
+            main.send_signal(signum)
             proc.wait(timeout=120)
             took = time.monotonic() - sent
         finally:

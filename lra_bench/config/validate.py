@@ -295,17 +295,12 @@ def check_ckpt_path(cfg: DictConfig) -> None:
     value = cfg.get("ckpt_path")
     if value in RESUME_CHOICES:
         return
-    from lra_bench.run.checkpointing import checkpoint_problem
+    from lra_bench.run.checkpointing import require_usable
 
     path = Path(str(value)).expanduser()
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value}: no such file; use 'last', null, or an existing .ckpt")
-    problem = checkpoint_problem(path)
-    if problem is not None:
-        raise ConfigError(
-            f"ckpt_path={value}: not a usable checkpoint ({problem}); use 'last', null, or a checkpoint this "
-            "harness wrote"
-        )
+    require_usable(path, shown=value)
 
 
 def check_writable(output_dir: str | Path, key: str = "output dir") -> None:

@@ -68,9 +68,7 @@ class IdentityStamp(pl.Callback):
 
 def load(path: str | Path) -> dict[str, Any]:
     """The checkpoint at `path` (weights-only), or a one-line `ConfigError` saying why it cannot be used."""
-    problem = checkpointing.checkpoint_problem(Path(path))
-    if problem is not None:
-        raise ConfigError(f"ckpt_path={path}: cannot use this checkpoint ({problem})")
+    checkpointing.require_usable(path)
     return checkpointing.load_checkpoint(path)
 
 

@@ -82,6 +82,19 @@ def checkpoint_problem(path: Path) -> str | None:
     return f"incomplete (missing {missing})" if missing else None
 
 
+def require_usable(path: str | Path, shown: object = None) -> None:
+    """A one-line `ConfigError` when `path` cannot be resumed or tested from (`shown`: the value as the user typed
+    it, for the message). The one check behind an explicit `ckpt_path` (pre-flight) and every later load."""
+    from lra_bench.config.validate import ConfigError
+
+    problem = checkpoint_problem(Path(path))
+    if problem is not None:
+        raise ConfigError(
+            f"ckpt_path={path if shown is None else shown}: not a usable checkpoint ({problem}); use 'last', null, "
+            "or a checkpoint this harness wrote"
+        )
+
+
 def _best_step(path: Path) -> int:
     match = re.search(r"(\d+)", path.stem)
     return int(match.group(1)) if match else -1

@@ -1,0 +1,239 @@
+"""Every command block of README.md runs, as written, so the README cannot rot.
+
+The commands are read from the README's ```bash blocks at test time (a command added there is run here without
+editing this file) and run in a scratch dir, one after another, each with exit status 0. What is documented here
+and nowhere else is how each is *shrunk* so the whole README runs in minutes on 2 CPU cores:
+
+* the data are tiny copies in the official formats under `data/` (ListOps TSVs, aclImdb, cifar-10-batches-py),
+  written by the tests;
+* `python run.py …` gets `SHRINK_RUN` (a tiny model, 4 steps, no diagnostics, CSV only) plus its task's lengths
+  (`SHRINK_TASK`), `tuning.budget=2` for a search and `spt.pretrain.trainer.max_steps=4` for self-pretraining;
+  every `-m` sweep gets `hydra.sweep.dir=multirun/<n>` so a later command can name it;
+* `make demo` runs with `DEMO_ARGS` (20 steps); `python -m lra_bench.bench` / `approx` with `SHRINK_APP` (one
+  short length, a few landmark counts);
+* `hydra/launcher=slurm` runs on the real single-node SLURM cluster of tests/slurm_cluster.py (`local_slurm`);
+  where SLURM cannot be installed the same command runs with Hydra's basic launcher instead, and says so;
+* placeholders (`<sweep dir>`, `<sweep>`, `<a gpa run>`, `<gpa search dir>`, `<the two final sweeps>`, …) are the
+  dirs the earlier commands made.
+
+`make test` is the one command not run: it is the command that runs this test (CI runs it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.test_tasks_image import write_cifar_pickles
+from tests.test_tasks_text import write_aclimdb
+
+pytestmark = pytest.mark.slow
+
+README = REPO / "README.md"
+
+SHRINK_RUN = [
+    "model.dim=16",
+    "model.ffn_dim=32",
+    "model.head_dim=8",
+    "model.head_hidden=16",
+    "data.batch_size=8",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "optim.warmup_steps=1",
+    "diagnostics.enabled=false",
+    "callbacks.progress_bar=none",
+    "callbacks.stats_warmup_steps=1",
+    "logger=csv",
+    "print_config=false",
+]
+SHORT = ["task.max_length=64", "task.seq_len=64"]  # the same keys for ListOps and Text: a sweep over both takes them
+SHRINK_TASK = {"listops": SHORT, "text": SHORT, "image": ["data.batch_size=4"]}
+SHRINK_APP = {
+    "lra_bench.bench": [
+        "seq_lens=[64]",
+        "landmarks=[8]",
+        "batch_size=1",
+        "modes=[forward]",
+        "warmup=0",
+        "repeats=1",
+        "min_repeats=1",
+        "isolate=false",
+        "count_flops=false",
+        "plots=false",
+        "profile.enabled=false",
+    ],
+    "lra_bench.approx": ["n=64", "seeds=[0]", "landmarks=[4,8]", "model.enabled=false", "plots=false", "threads=1"],
+}
+DEMO_ARGS = "trainer.max_steps=20 trainer.val_check_interval=10 diagnostics.max_len=32"
+
+
+def readme_commands() -> list[str]:
+    """The commands of every ```bash block, in order (comment lines and trailing `# …` comments dropped)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        for line in block.splitlines():
+            command = re.split(r"\s+#", line, maxsplit=1)[0].strip()
+            if command and not command.startswith("#"):
+                out.append(command)
+    return out
+
+
+def task_of(args: list[str]) -> str:
+    for arg in args:
+        if arg.startswith("task="):
+            return arg.split("=", 1)[1].split(",")[0]
+        if arg.startswith("experiment=spt/"):
+            return arg.split("/", 1)[1]
+    return "listops"
+
+
+class Scratch:
+    """The dir the README's commands run in, and what they made (for the placeholders)."""
+
+    def __init__(self, root: Path, slurm: object | None) -> None:
+        self.root, self.slurm = root, slurm
+        self.sweeps: list[Path] = []
+        self.searches: dict[str, Path] = {}
+        self.finals: list[Path] = []
+        write_aclimdb(root / "data")
+        write_cifar_pickles(root / "data")
+        from tasks.generate import listops
+
+        listops.write_splits(  # official-format files (no generator marker): used as they are by every run
+            root / "data" / "listops-1000", 96, 24, 24, progress=False, workers=1,
+            min_length=8, max_length=64, max_depth=4, max_args=4, seed=0,
+        )  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+        env["WANDB_DIR"] = str(self.root / "wandb-dir")
+        if self.slurm is not None:
+            from tests import conftest_slurm
+
+            env.update(conftest_slurm.job_env(self.slurm, self.root))  # type: ignore[arg-type]
+        return env
+
+    def placeholders(self, command: str) -> str:
+        def run_dir(attn: str) -> str:
+            sweep = self.with_names("attn-gpa", "attn-nystrom")
+            (hit,) = [p for p in sweep.iterdir() if p.is_dir() and f"attn-{attn}" in p.name and "seed-0" in p.name]
+            return str(hit)
+
+        table = {
+            "multirun/<sweep dir>": lambda: str(self.with_names("selector-uniform")),
+            "multirun/<sweep>/<a gpa run>": lambda: str(self.with_names("attn-gpa", "attn-nystrom") / run_dir("gpa")),
+            "multirun/<sweep>/<a nystrom run>": lambda: str(
+                self.with_names("attn-gpa", "attn-nystrom") / run_dir("nystrom")
+            ),
+            "multirun/<sweep>": lambda: str(self.with_names("attn-gpa", "attn-nystrom")),
+            "<gpa search dir>": lambda: str(self.searches["gpa"]),
+            "<nystrom search dir>": lambda: str(self.searches["nystrom"]),
+            "<the two final sweeps>": lambda: " ".join(str(p) for p in self.finals),
+        }
+        for key, value in table.items():
+            if key in command:
+                command = command.replace(key, value())
+        assert "<" not in command, f"a README placeholder this test does not know: {command}"
+        return command
+
+    def with_names(self, *tokens: str) -> Path:
+        """The latest sweep whose job dirs name every one of `tokens` (`attn-gpa`, `selector-uniform`, …)."""
+        for sweep in reversed(self.sweeps):
+            names = " ".join(p.name for p in sweep.iterdir())
+            if all(token in names for token in tokens):
+                return sweep
+        raise AssertionError(f"no earlier README sweep has jobs {', '.join(tokens)}")
+
+    def argv(self, command: str) -> tuple[list[str], str]:
+        """The command as run here, and a note saying how it was changed (shrunk, launcher)."""
+        words = shlex.split(self.placeholders(command))
+        note = ""
+        if words[:2] == ["make", "demo"]:
+            extra = f"{DEMO_ARGS} output_root={self.root / 'outputs'} data_dir={self.root / 'data'}"
+            return ["make", "-C", str(REPO), "demo", f"DEMO_ARGS={extra}"], "shrunk"
+        assert words[0] == "python", command
+        if words[1] == "-m":
+            module, args = words[2], words[3:]
+            extra = SHRINK_APP.get(module, [])
+            if module in ("lra_bench.bench", "lra_bench.approx"):
+                extra = [*extra, f"hydra.run.dir={self.root / module.split('.')[-1]}"]
+            return [sys.executable, "-m", module, *args, *extra], "shrunk" if extra else ""
+        assert words[1] == "run.py", command
+        args = words[2:]
+        if any(a.startswith(("--cfg", "--info", "--help")) for a in args):
+            return [sys.executable, str(REPO / "run.py"), *args], ""
+        task = task_of(args)
+        extra = [*SHRINK_RUN, *SHRINK_TASK.get(task, [])]
+        if task == "text" and any(a == "protocol=skyformer" for a in args):
+            extra += ["task.max_length=64", "task.seq_len=64"]
+        if any(a.startswith("experiment=spt/") or a == "stage=pretrain" for a in args):
+            extra += ["spt.pretrain.trainer.max_steps=4"]
+        if any(a.startswith("hparams_search=") for a in args):
+            extra += ["tuning.budget=2"]
+        if "-m" in args or any(a.startswith("hparams_search=") for a in args):
+            sweep = self.root / "multirun" / str(len(self.sweeps))
+            extra.append(f"hydra.sweep.dir={sweep}")
+        if "hydra/launcher=slurm" in args:
+            if self.slurm is None:
+                args = [a for a in args if a != "hydra/launcher=slurm"]
+                note = "SLURM unavailable here: Hydra's basic launcher instead"
+            else:
+                extra += ["hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=null"]
+        return [sys.executable, str(REPO / "run.py"), *args, *extra], note or "shrunk"
+
+    def after(self, argv: list[str]) -> None:
+        """Remember the sweep / search dir a command made."""
+        sweep = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.sweep.dir=")), None)
+        if sweep is None:
+            return
+        path = Path(sweep)
+        if any(a.startswith("hparams_search=") for a in argv):
+            attn = next(a.split("=", 1)[1] for a in argv if a.startswith("attn="))
+            self.searches[attn] = path
+        elif any(a == "tuning=tuned" for a in argv):
+            self.finals.append(path)
+        self.sweeps.append(path)
+
+
+@pytest.fixture
+def slurm(request: pytest.FixtureRequest) -> object | None:
+    """The session's local SLURM cluster, or None where SLURM cannot be installed (then a basic launcher)."""
+    try:
+        return request.getfixturevalue("local_slurm")
+    except pytest.skip.Exception:
+        return None
+
+
+def test_the_readme_command_blocks_are_found() -> None:
+    commands = readme_commands()
+    assert commands[:2] == ["make demo", "make test"], "the README's first screen shows exactly these"
+    assert any(c.startswith("python run.py task=listops attn=gpa") for c in commands)
+    assert len(commands) > 20
+
+
+@pytest.mark.timeout(3000)
+def test_every_readme_command_runs_as_written(tmp_path: Path, slurm: object | None) -> None:
+    scratch = Scratch(tmp_path, slurm)
+    ran = []
+    for command in readme_commands():
+        if command == "make test":
+            continue  # the command that runs this very test
+        argv, note = scratch.argv(command)
+        proc = subprocess.run(argv, cwd=tmp_path, env=scratch.env(), capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, (
+            f"README command failed ({proc.returncode}): {command}\n  as run: {shlex.join(argv)}\n"
+            f"STDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+        )
+        scratch.after(argv)
+        ran.append((command, note))
+    print("\n".join(f"{c}  [{n}]" if n else c for c, n in ran))
+    assert len(ran) == len(readme_commands()) - 1
