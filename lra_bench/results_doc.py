@@ -110,6 +110,14 @@ def _nlogn_slope(lo: int, hi: int) -> float:
     return math.log((hi * math.log(hi)) / (lo * math.log(lo))) / math.log(hi / lo)
 
 
+def shown_path(path: str) -> str:
+    """A run dir as the reader can use it: relative to the dir `make results` ran in, when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path
+
+
 def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) -> list[str]:
     """What this document was computed from: the two runs (command, commit, load) and the trained checkpoint."""
     out = ["## Inputs", ""]
@@ -118,13 +126,14 @@ def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) 
         fmt = lambda xs: "/".join(f"{x:.2f}" for x in xs)  # noqa: E731
         load = f"; load average (1/5/15 min) {fmt(la)} at the start, {fmt(lb)} at the end" if la and lb else ""
         out.append(
-            f"- benchmark: `{bench['output_dir']}` — `{bench['command']}` (git `{bench['env']['git_commit']}`){load}"
+            f"- benchmark: `{shown_path(bench['output_dir'])}` — `{bench['command']}` "
+            f"(git `{bench['env']['git_commit']}`){load}"
         )
     else:
         out.append("- benchmark: none given (no speed or memory numbers below)")
     if approx:
         out.append(
-            f"- approximation study: `{approx['output_dir']}` — `{approx['command']}` (git "
+            f"- approximation study: `{shown_path(approx['output_dir'])}` — `{approx['command']}` (git "
             f"`{approx['env']['git_commit']}`, {approx['seconds']:.0f} s)"
         )
         for name in ("trained", "random_model"):

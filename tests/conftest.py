@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -106,22 +107,34 @@ def checkpoint_step(path: Path) -> int:
         return -1
 
 
+def start_run(args: list[str], env: dict[str, str], stdout: Any = subprocess.DEVNULL) -> subprocess.Popen:
+    """`python run.py ARGS` as a real child process (signals, locks, timing); its stderr goes where stdout goes."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, stdout=stdout, stderr=subprocess.STDOUT
+    )
+
+
+def wait_until(condition: Callable[[], bool], proc: subprocess.Popen, timeout_s: float, what: str) -> None:
+    """Poll `condition` while `proc` runs: fails when the process ends first or `what` does not happen in time."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"run.py exited {proc.returncode} before {what}")
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
+        time.sleep(0.02)
+
+
 def kill_at_checkpoint(
     args: list[str], tmp_path: Path, ckpt: Path, step: int, log_path: Path, timeout_s: float = 300
 ) -> subprocess.Popen:
     """Start `python run.py ARGS` (outputs and data under tmp_path, as `run_cli`) and SIGKILL it as soon as `ckpt`
     holds a checkpoint at `step` or later; the run's output goes to `log_path`. Returns the ended process."""
-    cmd = [sys.executable, str(REPO / "run.py"), f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
+    where = [f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([*cmd, *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = start_run([*where, *args], env, stdout=log)
         try:
-            deadline = time.monotonic() + timeout_s
-            while not (ckpt.exists() and checkpoint_step(ckpt) >= step):
-                if proc.poll() is not None:
-                    pytest.fail(f"ended before the kill:\n{log_path.read_text()[-3000:]}")
-                assert time.monotonic() < deadline, f"no {ckpt} at step >= {step} in time"
-                time.sleep(0.02)
+            wait_until(lambda: checkpoint_step(ckpt) >= step, proc, timeout_s, f"{ckpt} at step >= {step}")
             proc.send_signal(signal.SIGKILL)
         finally:
             proc.wait(timeout=60)

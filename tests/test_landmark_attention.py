@@ -374,3 +374,35 @@ def test_spectral_claim_threshold_keeps_the_eigenvalues_above_eps_s() -> None:
     valid = torch.ones(8, dtype=torch.bool)
     _, rank = truncated_inverse(w, valid, 1e-3, "claim", eps=0.5)  # τ = 0.5·8 = 4
     assert int(rank) == 4  # 9, 5, 4.1 and −4.5
+
+
+def test_spectral_core_with_empty_landmarks_is_decomposed_where_fp32_lapack_fails() -> None:
+    """17 real tokens, 64 segment-mean landmarks: 47 empty landmarks are zero rows and columns of the core,
+    interleaved with the real ones. On some such cores fp32 `eigh` fails to converge or returns NaN eigenvectors
+    (a README sweep died of it); `truncated_inverse` must return the truncated inverse of the valid block."""
+    from models.attention.spectral import affinity, truncated_inverse, unit
+
+    s, n_real = 64, 17
+    ids = torch.arange(n_real) * s // n_real  # the segment of each real token (models/landmarks/segment_means.py)
+    valid = torch.zeros(s, dtype=torch.bool)
+    valid[ids] = True
+    failing = []
+    for seed in range(200):
+        z = unit(torch.randn(n_real, 16, generator=torch.Generator().manual_seed(seed)))
+        w = torch.zeros(s, s)
+        w[ids[:, None], ids] = affinity(z, z, "tanh", 1.0, 0.5)
+        try:
+            if not torch.isfinite(torch.linalg.eigh(w)[1]).all():
+                failing.append(w)
+        except torch.linalg.LinAlgError:
+            failing.append(w)
+    if not failing:
+        pytest.skip("this LAPACK's fp32 eigh converges on every such core")
+    for w in failing[:10]:
+        p, rank = truncated_inverse(w, valid, 0.1, "relative")
+        mu, u = torch.linalg.eigh(w[ids][:, ids].double())
+        keep = mu.abs() >= 0.1 * mu.abs().max()
+        expected = torch.zeros(s, s, dtype=torch.float64)
+        expected[ids[:, None], ids] = (u[:, keep] / mu[keep]) @ u[:, keep].T
+        assert int(rank) == int(keep.sum())
+        torch.testing.assert_close(p.double(), expected, atol=1e-4, rtol=1e-4)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import signal
 import statistics
 from pathlib import Path
 
@@ -184,3 +185,34 @@ def test_datamodule_records_the_version_and_ignores_the_worker_count(tmp_path: P
     assert not same_data.stale_generated()
     marker_path.write_text(json.dumps({**marker, "generator_version": 1}))  # data of the sequential generator
     assert same_data.stale_generated()
+
+
+def test_a_stop_signal_never_lands_inside_the_pools_bookkeeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.py's handler raises where a signal lands outside training. Inside `ProcessPoolExecutor.submit` that can
+    lose a half-started worker which then holds the run's stdout open forever (tests/test_signals.py saw it under
+    load). Here the signal arrives in the middle of every submit: the handler must run only after it returns."""
+    landed: list[bool] = []
+    inside = False
+    real_submit = gen.ProcessPoolExecutor.submit
+
+    def submit(self, *args, **kwargs):  # the signal arrives mid-submit, every time
+        nonlocal inside
+        inside = True
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            return real_submit(self, *args, **kwargs)
+        finally:
+            inside = False
+
+    def handler(signum: int, frame: object) -> None:
+        landed.append(inside)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gen.ProcessPoolExecutor, "submit", submit)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gen.generate(2000, workers=2, min_length=8, max_length=64, progress=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert landed and not any(landed), landed

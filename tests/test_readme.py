@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from lra_bench.record import results
 from tests.conftest import REPO
 from tests.test_tasks_image import write_cifar_pickles
 from tests.test_tasks_text import write_aclimdb
@@ -101,7 +102,7 @@ class Scratch:
 
     def __init__(self, root: Path, slurm: object | None) -> None:
         self.root, self.slurm = root, slurm
-        self.sweeps: list[Path] = []
+        self.sweeps: list[tuple[Path, list[str]]] = []  # (sweep dir, the command's arguments)
         self.searches: dict[str, Path] = {}
         self.finals: list[Path] = []
         write_aclimdb(root / "data")
@@ -124,17 +125,18 @@ class Scratch:
 
     def placeholders(self, command: str) -> str:
         def run_dir(attn: str) -> str:
-            sweep = self.with_names("attn-gpa", "attn-nystrom")
-            (hit,) = [p for p in sweep.iterdir() if p.is_dir() and f"attn-{attn}" in p.name and "seed-0" in p.name]
+            sweep = self.sweep_with(attn=("gpa", "nystrom"))
+            (hit,) = [
+                p.parent for p in sweep.glob(f"*/{results.FILENAME}") if (r := results.read_record(p))["attn"] == attn
+                and r["seed"] == 0
+            ]  # fmt: skip
             return str(hit)
 
         table = {
-            "multirun/<sweep dir>": lambda: str(self.with_names("selector-uniform")),
-            "multirun/<sweep>/<a gpa run>": lambda: str(self.with_names("attn-gpa", "attn-nystrom") / run_dir("gpa")),
-            "multirun/<sweep>/<a nystrom run>": lambda: str(
-                self.with_names("attn-gpa", "attn-nystrom") / run_dir("nystrom")
-            ),
-            "multirun/<sweep>": lambda: str(self.with_names("attn-gpa", "attn-nystrom")),
+            "multirun/<sweep dir>": lambda: str(self.sweep_with(selector=("uniform", "segment_means"))),
+            "multirun/<sweep>/<a gpa run>": lambda: run_dir("gpa"),
+            "multirun/<sweep>/<a nystrom run>": lambda: run_dir("nystrom"),
+            "multirun/<sweep>": lambda: str(self.sweep_with(attn=("gpa", "nystrom"))),
             "<gpa search dir>": lambda: str(self.searches["gpa"]),
             "<nystrom search dir>": lambda: str(self.searches["nystrom"]),
             "<the two final sweeps>": lambda: " ".join(str(p) for p in self.finals),
@@ -145,13 +147,14 @@ class Scratch:
         assert "<" not in command, f"a README placeholder this test does not know: {command}"
         return command
 
-    def with_names(self, *tokens: str) -> Path:
-        """The latest sweep whose job dirs name every one of `tokens` (`attn-gpa`, `selector-uniform`, …)."""
-        for sweep in reversed(self.sweeps):
-            names = " ".join(p.name for p in sweep.iterdir())
-            if all(token in names for token in tokens):
+    def sweep_with(self, **swept: tuple[str, ...]) -> Path:
+        """The latest sweep whose command swept each key over (at least) the given values, e.g. `attn=("gpa",
+        "nystrom")` — read from the command, since long job dir names are cut (`…+diagnost-<hash>`)."""
+        for sweep, args in reversed(self.sweeps):
+            values = {a.split("=", 1)[0]: a.split("=", 1)[1].split(",") for a in args if "=" in a}
+            if all(set(wanted) <= set(values.get(key, [])) for key, wanted in swept.items()):
                 return sweep
-        raise AssertionError(f"no earlier README sweep has jobs {', '.join(tokens)}")
+        raise AssertionError(f"no earlier README sweep over {swept}")
 
     def argv(self, command: str) -> tuple[list[str], str]:
         """The command as run here, and a note saying how it was changed (shrunk, launcher)."""
@@ -201,7 +204,7 @@ class Scratch:
             self.searches[attn] = path
         elif any(a == "tuning=tuned" for a in argv):
             self.finals.append(path)
-        self.sweeps.append(path)
+        self.sweeps.append((path, argv))
 
 
 @pytest.fixture

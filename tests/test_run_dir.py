@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 from lra_bench.record import results
-from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.conftest import REPO, TINY_LISTOPS, run_cli, start_run, wait_until
 
 ARGS = [
     *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps",))],
@@ -54,18 +53,10 @@ def test_a_second_process_on_a_live_run_dir_refuses_naming_the_holder(tmp_path: 
     args = [*base, "trainer.max_steps=40", "+fault.step_sleep_s=0.3"]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     out = _run_dir(tmp_path / "outputs")
-    first = subprocess.Popen(
-        [sys.executable, str(REPO / "run.py"), *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
+    first = start_run(args, env)
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "checkpoints" / "last.ckpt").exists():  # training, after its first validation
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        last = out / "checkpoints" / "last.ckpt"
+        wait_until(last.exists, first, 300, "last.ckpt (training, after its first validation)")
         before = {k: v for k, v in _files(out).items() if not k.startswith(("checkpoints", "csv", "run.log"))}
         second = _run(args)
         assert second.returncode == 2, second.stderr[-3000:]

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
 from lra_bench.record import results
-from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.conftest import TINY_LISTOPS, checkpoint_step, run_cli, start_run, wait_until
 from tests.wandb_log import history_steps, run_ids
 
 pytestmark = pytest.mark.slow
@@ -40,13 +39,6 @@ ARGS = [
 SAVED = re.compile(r"stopped by a signal: saved .*last\.ckpt at step (\d+)")
 
 
-def _step(path: Path) -> int:
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
-    except Exception:  # absent, or being replaced right now
-        return -1
-
-
 def _env(tmp_path: Path, logger: str) -> dict[str, str]:
     mode = "offline" if logger == "default" else "disabled"
     return {"WANDB_MODE": mode, "WANDB_DIR": str(tmp_path / "wandb-dir"), "OMP_NUM_THREADS": "1"}
@@ -63,28 +55,18 @@ def _interrupt(tmp_path: Path, logger: str, signum: int, *, tree: bool) -> tuple
     log_path = tmp_path / f"{signal.Signals(signum).name}.log"
     env = {**os.environ, **_env(tmp_path, logger), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(REPO / "run.py"), *_args(tmp_path, logger)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        proc = start_run(_args(tmp_path, logger), env, stdout=log)
         try:
-            deadline = time.monotonic() + 300
-            while _step(out / "checkpoints" / "last.ckpt") != VAL_EVERY:
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no last.ckpt at step 10 in time"
-                time.sleep(0.05)
+            last = out / "checkpoints" / "last.ckpt"
+            wait_until(lambda: checkpoint_step(last) == VAL_EVERY, proc, 300, "last.ckpt at step 10")
             time.sleep(1.5)
             main = psutil.Process(proc.pid)
             children = main.children(recursive=True) if tree else []
             sent = time.monotonic()
-            # as SLURM signals a job: every process of it, wandb-core too. The service dies first (it is signalled
-            # first and waited for), so the run's next W&B call meets a dead service whatever the machine's load
+            # as SLURM signals a job: every process of it, wandb-core too, at once. Whether the run's next W&B
+            # call meets the service alive or dead is a race; either way the run must save at this step
             for p in children:
                 p.send_signal(signum)
-            psutil.wait_procs(children, timeout=30)
             main.send_signal(signum)
             proc.wait(timeout=120)
             took = time.monotonic() - sent
@@ -107,10 +89,9 @@ def test_sigterm_saves_at_the_signal_exits_143_and_the_same_command_resumes_ther
     assert rc == 143, output[-3000:]
     step = _saved_step(output)
     assert VAL_EVERY < step < 2 * VAL_EVERY  # between two validations: saved because of the signal
-    assert _step(out / "checkpoints" / "last.ckpt") == step
+    assert checkpoint_step(out / "checkpoints" / "last.ckpt") == step
     record = results.read_record(out / results.FILENAME)
     assert record["status"] == "interrupted" and f"stopped by SIGTERM at step {step}" in record["error"]
-    assert "W&B logging stopped" in output  # the service died with the signal; training went on to the boundary
     print(f"SIGTERM: saved at step {step} ({step - VAL_EVERY} steps after the last periodic save), exit {took:.1f}s")
 
     run_cli(_args(tmp_path, "default"), tmp_path, env=_env(tmp_path, "default"))  # the same command again
@@ -141,7 +122,7 @@ def test_ctrl_c_saves_at_the_signal_and_exits_130(tmp_path: Path) -> None:
     rc, output, out, took = _interrupt(tmp_path, "csv", signal.SIGINT, tree=False)
     assert rc == 130, output[-3000:]
     step = _saved_step(output)
-    assert VAL_EVERY < step < 2 * VAL_EVERY and _step(out / "checkpoints" / "last.ckpt") == step
+    assert VAL_EVERY < step < 2 * VAL_EVERY and checkpoint_step(out / "checkpoints" / "last.ckpt") == step
     record = results.read_record(out / results.FILENAME)
     assert record["status"] == "interrupted" and f"stopped by SIGINT at step {step}" in record["error"]
     assert "Ctrl-C again to stop at once" in output
@@ -154,18 +135,10 @@ def test_sigterm_before_training_records_the_stop_and_exits_143(tmp_path: Path) 
     out = tmp_path / "outputs" / "listops" / "full" / "sig"
     args = _args(tmp_path, "csv", "task.gen_num_train=40000", "task.gen_max_length=64")
     env = {**os.environ, **_env(tmp_path, "csv")}
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "run.py"), *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_run(args, env, stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / "data").glob(".listops-1000.*.tmp")):  # the record is written; generating
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
+        generating = lambda: bool(list((tmp_path / "data").glob(".listops-1000.*.tmp")))  # noqa: E731 (record written)
+        wait_until(generating, proc, 120, "ListOps generation")
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=120)[0].decode(errors="replace")
     finally:

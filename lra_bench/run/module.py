@@ -68,8 +68,9 @@ class LRAModule(pl.LightningModule):
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        loss, preds = self._step(batch)
-        self.val_loss(loss)
+        logits = self(batch)
+        preds = logits.argmax(-1)
+        self.val_loss(F.cross_entropy(logits.float(), batch["label"], reduction="none"))  # a mean over examples
         self.val_acc(preds, batch["label"])
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
@@ -95,7 +96,7 @@ class LRAModule(pl.LightningModule):
         logits = self(batch)
         losses = F.cross_entropy(logits.float(), batch["label"], reduction="none")
         preds = logits.argmax(-1)
-        self.test_loss(losses.mean())
+        self.test_loss(losses)  # per example: a short last batch weighs its examples, not a whole batch
         self.test_acc(preds, batch["label"])
         self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
         self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)

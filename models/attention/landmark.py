@@ -38,3 +38,14 @@ class LandmarkAttention(Attention):
         lm = self.selector(q, k, mask, self.rank_budget(q.shape[-2]))
         self.last_rank = lm.valid.sum(-1).detach()  # [B, H]: valid landmarks (diagnostics' effective budget)
         return lm
+
+    def operator_matrix(
+        self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype, **options: bool
+    ) -> torch.Tensor:
+        """The implied matrix of a variant that computes `out = T(q, k) v` without forming T (`self._operator(q, k,
+        v, mask, **options)`, as pivoted and WildCat do): T applied to the identity, pads zeroed. Diagnostics only."""
+        eye = torch.eye(q.shape[-2], device=q.device, dtype=dtype).expand(*q.shape[:2], -1, -1)
+        mat = self._operator(q.to(dtype), k.to(dtype), eye, mask, **options)
+        if mask is not None:
+            mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
+        return mat

@@ -170,11 +170,7 @@ class PivotedAttention(LandmarkAttention):
         return self._operator(q, k, v, mask)
 
     def implied_matrix(self, q, k, mask):
-        eye = torch.eye(q.shape[-2], device=q.device, dtype=torch.float32).expand(*q.shape[:2], -1, -1)
-        mat = self._operator(q.float(), k.float(), eye, mask)
-        if mask is not None:
-            mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
-        return mat
+        return self.operator_matrix(q, k, mask, torch.float32)
 
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:

@@ -41,9 +41,9 @@ spectrally outlying eigenpairs. Neural version, as implemented here:
   claim's absolute threshold (`claim`): the theorem resolves the eigenvalues |λ| ≥ εn of A, and the s×s core
   of s sampled columns has μ ≈ (s/n)·λ, so τ = ε·s with s the valid landmarks (ε = `eps`). The rank kept
   r = #{|μ| ≥ τ} is reported by `extra_diagnostics()`.
-* Gradients: `eigh` runs in fp32 without gradient; the eigenvalues are recomputed differentiably as
-  μ = diag(Uᵀ W U) (their exact first-order derivative) and the eigenvectors are treated as constants, so
-  degenerate spectra (duplicate landmarks, empty clusters) never produce the 1/(μ_i − μ_j) NaNs.
+* Gradients: `eigh` runs in fp64 (see `symmetric_eigh`) without gradient; the eigenvalues are recomputed
+  differentiably as μ = diag(Uᵀ W U) (their exact first-order derivative) and the eigenvectors are treated as
+  constants, so degenerate spectra (duplicate landmarks, empty clusters) never produce the 1/(μ_i − μ_j) NaNs.
 """
 
 from __future__ import annotations
@@ -113,6 +113,18 @@ def affinity(a: torch.Tensor, b: torch.Tensor, kind: str, bandwidth: float, temp
     return torch.exp(-sq / (2.0 * bandwidth**2)).clamp(0.0, 1.0)
 
 
+def symmetric_eigh(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.linalg.eigh` of the s×s core in fp64, cast back to `w`'s dtype.
+
+    fp32 is not enough here: with fewer real tokens than landmarks, segment means leave empty landmarks whose
+    rows and columns are zeroed, and on such cores (many exactly repeated zero eigenvalues interleaved with the
+    rest) LAPACK's fp32 `syevd` either fails to converge or silently returns NaN eigenvectors — 166 of 1,800
+    random 64×64 cores with 5–40 real tokens, against 0 in fp64 (tests/test_landmark_attention.py). Either one
+    stopped a training run. The core is s×s, so fp64 costs nothing that matters."""
+    mu, u = torch.linalg.eigh(w.double())
+    return mu.to(w.dtype), u.to(w.dtype)
+
+
 def truncated_inverse(
     w: torch.Tensor, valid: torch.Tensor, tol: float, mode: str, eps: float = 0.5
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +135,7 @@ def truncated_inverse(
     pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
     w = torch.where(pair, 0.5 * (w + w.transpose(-1, -2)), torch.zeros_like(w))
     with torch.no_grad():
-        mu0, u = torch.linalg.eigh(w)
+        mu0, u = symmetric_eigh(w)
         top = mu0.abs().amax(-1, keepdim=True)
         if mode == "relative":
             thr = tol * top

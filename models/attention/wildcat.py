@@ -176,11 +176,7 @@ class WildcatAttention(LandmarkAttention):
 
     def implied_matrix(self, q, k, mask):
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        eye = torch.eye(q.shape[-2], device=q.device, dtype=dtype).expand(*q.shape[:2], -1, -1)
-        mat = self._operator(q.to(dtype), k.to(dtype), eye, mask, clamp=False)
-        if mask is not None:
-            mat = mat * mask[:, None, :, None] * mask[:, None, None, :]
-        return mat
+        return self.operator_matrix(q, k, mask, dtype, clamp=False)
 
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:

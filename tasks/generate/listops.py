@@ -25,12 +25,16 @@ byte-identical for any worker count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import multiprocessing as mp
 import os
 import random
+import signal
 import sys
+import threading
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,7 +145,35 @@ def default_workers() -> int:
     return max(1, min(cores, MAX_WORKERS))
 
 
-def _chunks_in_order(seed: int, knobs: Knobs, workers: int):
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stop_signals_deferred() -> Iterator[None]:
+    """SIGTERM/SIGINT that arrive while the pool's own bookkeeping runs are delivered just after it.
+
+    `run.py`'s handler raises where the signal lands when no training loop is running (there is no step to
+    finish). Landing inside `ProcessPoolExecutor.submit`, it can interrupt the start of a worker that the executor
+    then never learns of: that worker waits on its queue forever, holding the forkserver and the run's stdout open
+    after the run has exited 143 (seen under load). Deferred, the signal lands at the next `result()` or in the
+    consumer instead, where unwinding shuts the pool down cleanly. (A signal mask would not do: Python runs its
+    handlers in the main thread whichever thread the kernel picked.) Handlers can only be swapped in the main
+    thread; elsewhere no handler of ours raises, and nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: arrived.append(signum)) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in arrived:
+            signal.raise_signal(signum)  # to the handler that was in place, exactly as if it arrived now
+
+
+def _chunks_in_order(seed: int, knobs: Knobs, workers: int) -> Iterator[tuple[list[tuple[str, int]], int]]:
     """Chunk results for index 0, 1, 2, … in order; `workers` processes compute ahead of the consumer.
 
     A `forkserver` pool: no fork of a possibly multi-threaded caller (a training process), and the workers
@@ -152,18 +184,19 @@ def _chunks_in_order(seed: int, knobs: Knobs, workers: int):
         while True:
             yield generate_chunk(seed, index, knobs)
             index += 1
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver")) as pool:
-        pending: deque[Future] = deque()
-        index = 0
-        try:
-            while True:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver"))  # starts no process
+    pending: deque[Future] = deque()
+    index = 0
+    try:
+        while True:
+            with _stop_signals_deferred():
                 while len(pending) < 2 * workers:
                     pending.append(pool.submit(generate_chunk, seed, index, knobs))
                     index += 1
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+            yield pending.popleft().result()
+    finally:
+        with _stop_signals_deferred():  # the chunks in flight finish (short); the rest are cancelled
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def generate(
