@@ -216,9 +216,18 @@ def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str
         "",
         "## GPU",
         "",
-        "Not run: this session had no GPU (the device machine was not available to this task). The bench supports "
-        "`device=cuda` (CUDA-synchronised timings, `torch.cuda.max_memory_allocated` peaks, a 8192² fp32 matmul "
-        "yardstick with TF32 off, and the SDPA flash kernel pinned as a reference in bf16). On a GPU machine run:",
+        "Not run yet: no GPU node has been available to this project's sessions. Everything the GPU path needs runs "
+        "from one prepared command (`scripts/gpu/`, docs/architecture.md): `scripts/gpu/prepare.sh` on a CPU machine "
+        "with registry access (the missing wheels into `.whl/`), then on the node",
+        "",
+        "```",
+        "scripts/gpu/check.sh --out DIR",
+        "```",
+        "",
+        "which installs the wheels, runs the GPU test tier, a bf16 smoke of every attention, the benchmark on CUDA "
+        "(bf16 and fp32, n = 1K…32K, against SDPA flash and memory-efficient) and the Nyströmformer-protocol ListOps "
+        "row (full, nystrom, gpa, 5000 steps) beside the published 37.10 / 37.15, writing `report.md` after every "
+        "stage. Its numbers belong here, with the node's hardware line. The benchmark alone on any CUDA machine:",
         "",
         "```",
         "make bench BENCH_ARGS='device=cuda references=[sdpa_math,sdpa_flash] hydra.run.dir=outputs/results/bench_gpu'",
