@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,7 @@ from omegaconf import OmegaConf
 
 from lra_bench.config.validate import ConfigError, validate
 from lra_bench.registry import ATTENTIONS, SELECTORS, TASKS
-from tests.conftest import CONF, compose
+from tests.conftest import CONF, REPO, compose
 
 
 def options(group: str) -> list[str]:
@@ -67,6 +70,22 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
     cfg = OmegaConf.create(proc.stdout)
     assert cfg.attn.name == "nystrom" and cfg.selector.name == "segment_means"
     assert cfg.trainer.max_steps == 5000 and cfg.data.batch_size == 32 and cfg.task.seq_len == 2048
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--cfg", "job", "task=listops", "attn=nystrom"]])
+def test_the_cli_answers_without_importing_torch(argv: list[str]) -> None:
+    """What keeps `--help` under a second and `--cfg job` near 0.3 s on 2 cores: neither imports torch or Lightning
+    (a module-level `from models… import` in the pre-flight once made them 2.5 s and 1.8 s). `-X importtime` lists
+    every module the process imported."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO / "run.py"), *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "disabled"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert imported and not imported & {"torch", "pytorch_lightning", "lightning_fabric"}, sorted(
+        imported & {"torch", "pytorch_lightning", "lightning_fabric"}
+    )
 
 
 def test_faithful_nystromformer_listops_protocol() -> None:

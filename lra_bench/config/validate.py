@@ -18,8 +18,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.registry import ATTENTIONS, AXES, SELECTORS, UnknownComponent
-from models.encoder import POOLINGS
-from models.heads import INTERACTIONS
 
 SCHEDULES = ("linear", "cosine", "constant", "rsqrt")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true")
@@ -119,6 +117,9 @@ def check_batch(cfg: DictConfig) -> None:
 
 
 def check_choices(cfg: DictConfig) -> None:
+    from models.encoder import POOLINGS  # here, not at the top: the CLI's --help / --cfg must not import torch
+    from models.heads import INTERACTIONS
+
     pairs = (
         ("model.pooling", cfg.model.pooling, POOLINGS),
         ("model.interaction", cfg.model.interaction, tuple(INTERACTIONS)),
