@@ -52,11 +52,13 @@ class LRAModule(pl.LightningModule):
         return self.model(batch)
 
     def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each example's loss and prediction: every stage's means are over examples, never over batch means."""
         logits = self(batch)
-        return F.cross_entropy(logits.float(), batch["label"]), logits.argmax(-1)
+        return F.cross_entropy(logits.float(), batch["label"], reduction="none"), logits.argmax(-1)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss, preds = self._step(batch)
+        losses, preds = self._step(batch)
+        loss = losses.mean()
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"loss is {loss.item()} at step {self.global_step}; stopping (last good checkpoint kept)"
@@ -68,9 +70,8 @@ class LRAModule(pl.LightningModule):
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        logits = self(batch)
-        preds = logits.argmax(-1)
-        self.val_loss(F.cross_entropy(logits.float(), batch["label"], reduction="none"))  # a mean over examples
+        losses, preds = self._step(batch)
+        self.val_loss(losses)
         self.val_acc(preds, batch["label"])
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
@@ -93,9 +94,7 @@ class LRAModule(pl.LightningModule):
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """Also returns each example's prediction and loss: `lra_bench.run.test_outputs` keeps them per example."""
-        logits = self(batch)
-        losses = F.cross_entropy(logits.float(), batch["label"], reduction="none")
-        preds = logits.argmax(-1)
+        losses, preds = self._step(batch)
         self.test_loss(losses)  # per example: a short last batch weighs its examples, not a whole batch
         self.test_acc(preds, batch["label"])
         self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
