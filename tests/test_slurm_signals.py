@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from lra_bench.record import results
 from lra_bench.run.train import build_datamodule
 from tests import conftest_slurm
-from tests.conftest import REPO, TINY_LISTOPS, compose
+from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, compose, start_run
 from tests.wandb_log import history_steps, run_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -34,13 +31,6 @@ local_slurm = conftest_slurm.local_slurm  # the session fixture, visible even if
 MAX_STEPS = 30
 VAL_EVERY = 10
 TINY = [a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval", "logger="))]
-
-
-def _ckpt_step(path: Path) -> int:
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
-    except Exception:  # absent, or being replaced right now
-        return -1
 
 
 def _example_local_config(tmp_path: Path) -> list[str]:
@@ -88,13 +78,11 @@ def test_scontrol_requeue_saves_at_the_signal_and_resumes_from_that_step(
     env = conftest_slurm.job_env(local_slurm, tmp_path)
     log_path = tmp_path / "master.log"
     with open(log_path, "w") as log:
-        master = subprocess.Popen(
-            [sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+        master = start_run(args, env, stdout=log)
         try:
             deadline = time.monotonic() + 400
             last = None
-            while last is None or _ckpt_step(last) != VAL_EVERY:  # the post-validation save at step 10
+            while last is None or checkpoint_step(last) != VAL_EVERY:  # the post-validation save at step 10
                 if master.poll() is not None:
                     pytest.fail(f"the sweep ended early:\n{log_path.read_text()[-3000:]}\n{_job_log(sweep)[-3000:]}")
                 assert time.monotonic() < deadline, f"no last.ckpt at step {VAL_EVERY}:\n{_job_log(sweep)[-3000:]}"

@@ -18,17 +18,15 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from lra_bench.record import results
 from lra_bench.run.train import build_datamodule
 from tests import conftest_slurm
-from tests.conftest import REPO, TINY_LISTOPS, compose
+from tests.conftest import TINY_LISTOPS, checkpoint_step, compose, start_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -58,20 +56,13 @@ def _records(sweep: Path) -> dict[tuple[str, int], tuple[Path, dict]]:
     return out
 
 
-def _ckpt_step(path: Path) -> int:
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
-    except Exception:
-        return -1
-
-
 def _wait_for_checkpoint(sweep: Path, key: tuple[str, int], master: subprocess.Popen, timeout: float) -> tuple:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = _records(sweep).get(key)
         if found:
             out, rec = found
-            step = _ckpt_step(out / "checkpoints" / "last.ckpt")
+            step = checkpoint_step(out / "checkpoints" / "last.ckpt")
             if 0 < step < MAX_STEPS - 4 and rec["env"].get("slurm_job_id"):
                 return out, rec["env"]["slurm_job_id"], step
             if step >= MAX_STEPS - 4:
@@ -144,9 +135,7 @@ def test_slurm_sweep_requeue_resume_and_failure(local_slurm, tmp_path: Path, mon
     log_path = tmp_path / "master.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        master = subprocess.Popen(
-            [sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+        master = start_run(args, env, stdout=log)
         try:
             out0, job0, step0 = _wait_for_checkpoint(sweep, ("full", 0), master, timeout=300)
             local_slurm.requeue(job0)  # SIGTERM now, SIGKILL after KillWait; SLURM requeues the job
