@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast demo lint format data bench approx results clean
+.PHONY: help install test test-fast demo lint format data bench approx results reproduce clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -67,6 +67,13 @@ results: $(STAMP)  ## rerun the CPU bench + approx study (~10-25 min on 2 shared
 	$(PY) -m lra_bench.approx $(APPROX_REPORT) $(if $(APPROX_CKPT),ckpt=$(APPROX_CKPT) model.data_dir=$(RESULTS_DIR)/data) \
 		$(APPROX_ARGS) hydra.run.dir=$(RESULTS_DIR)/approx
 	$(PY) -m lra_bench.results_doc --bench $(RESULTS_DIR)/bench --approx $(RESULTS_DIR)/approx --out docs/results.md
+
+TASK ?= listops
+ATTN ?= nystrom
+SEED ?= 0
+PROTOCOL ?= nystromformer
+reproduce: $(STAMP)  ## one faithful protocol run kept as evidence in reproductions/: make reproduce TASK=listops ATTN=nystrom SEED=0
+	$(PY) -m lra_bench.reproduce --task $(TASK) --attn $(ATTN) --seed $(SEED) --protocol $(PROTOCOL)
 
 clean:  ## remove the venv, caches and run outputs
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache

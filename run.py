@@ -10,9 +10,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from lra_bench.config.setup import quiet_third_party_warnings, setup
+from lra_bench.runtime import prepare_process
 
 setup()
 quiet_third_party_warnings()
+prepare_process()  # OpenMP's idle threads sleep, freed memory stays in the heap: before anything imports torch
 
 
 def check_run(cfg: DictConfig) -> None:

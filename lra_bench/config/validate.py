@@ -190,6 +190,7 @@ STEP_FRACTION = one_of(integer(1), number(0.0, hi=1.0))  # Lightning's "N batche
 #: every non-component knob a run reads, with what it must be (component nodes: `check_components`)
 RULES: dict[str, Rule] = {
     "seed": integer(0, 2**32 - 1),  # numpy's and Lightning's seed range
+    "threads": one_of(NONE, integer(1)),
     "train": BOOL,
     "test": BOOL,
     "print_config": BOOL,

@@ -1,8 +1,10 @@
 """Off-protocol: which values of its protocol a run changed, so its numbers are never shown as the paper's.
 
 The reference is the protocol's own config for the run's method: `conf/` composed (Hydra's compose API, the same
-tree) with only `task=<t> protocol=<p> attn=<a> selector=<s>` and without the personal `local` settings. Every
-identity key whose value differs there is a deviation, except:
+tree) with only `task=<t> protocol=<p> attn=<a> selector=<s>` and without the personal `local` settings, then put
+through the same derivation a run applies before it records its config (`derive_run_keys`: the stage keys, e.g.
+`pretraining: null` → `"none"`), so a derived key compares as the run derives it. Every identity key whose value
+differs there is a deviation, except:
 
 * the method's own knobs (`attn.*`, `selector.*`): choosing and tuning the method is what a run compares;
 * `seed` (a protocol runs several);
@@ -26,14 +28,27 @@ from lra_bench.record.identity import DATA_KEYS, config_identity, differing_keys
 METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", "diagnostics", *DATA_KEYS)
 
 
+def derive_run_keys(cfg: Any) -> Any:
+    """Settle `cfg` as `lra_bench.run.train.train` does before it records the config: the components' typed values
+    (`check_components`, which `validate` runs first) and the derived stage keys (`resolve_stage`: `pretraining`,
+    `pretraining_fingerprint`). Returns `resolve_stage`'s result (the run a fine-tune starts from, or None)."""
+    from lra_bench.config.validate import check_components
+    from lra_bench.run.pretrain import resolve_stage
+
+    check_components(cfg)
+    return resolve_stage(cfg)
+
+
 def protocol_identity(task: str, protocol: str, attn: str, selector: str | None) -> dict[str, Any]:
-    """The config identity of `task × protocol × attn × selector` as the protocol defines it."""
+    """The config identity of `task × protocol × attn × selector` as the protocol defines it, with the derived keys
+    filled as a run of that config fills them."""
     from omegaconf import OmegaConf
 
     from lra_bench.config.compose import compose_config
 
     overrides = [f"task={task}", f"protocol={protocol}", f"attn={attn}", f"selector={selector or 'none'}", "~local"]
     cfg = compose_config(overrides)
+    derive_run_keys(cfg)
     return config_identity(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 

@@ -30,6 +30,7 @@ LOGISTICS: tuple[str, ...] = (
     "data_dir",  # the data's identity is its resolved source + cache key, not the folder's name
     "cache_dir",
     "print_config",
+    "threads",  # how many CPU threads compute it (lra_bench.runtime)
     "logger",
     "callbacks.progress_bar",
     "data.num_workers",

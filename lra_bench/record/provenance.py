@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from lra_bench import runtime
+
 PACKAGES = ("torch", "pytorch-lightning", "hydra-core", "omegaconf", "datasets", "wandb", "torchmetrics", "numpy")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,4 +92,5 @@ def environment() -> dict[str, Any]:
         "packages": package_versions(),
         "hardware": hardware(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "runtime": runtime.describe(),
     }

@@ -31,6 +31,22 @@ def _fmt(value: Any, fmt: str = "{}") -> str:
     return "—" if value is None else fmt.format(value)
 
 
+def changed_keys(record: dict[str, Any], shown: int = 6) -> str:
+    """The first `shown` keys an off-protocol record changed, and how many more."""
+    keys = list(record.get("deviations") or {})
+    return ", ".join(keys[:shown]) + (f", … ({len(keys) - shown} more)" if len(keys) > shown else "")
+
+
+def conformance_line(record: dict[str, Any]) -> str:
+    """One line at a run's start: whether its numbers can stand beside the protocol's published row."""
+    protocol = record.get("protocol")
+    if record.get("off_protocol") is None:
+        return f"[lra-bench] protocol {protocol}: not checked (its config for this task and attention does not compose)"
+    if record["off_protocol"]:
+        return f"[lra-bench] OFF protocol {protocol}: changes {changed_keys(record)} (never ranked beside its rows)"
+    return f"[lra-bench] on protocol {protocol}: only the method and logistics differ from its config"
+
+
 def print_summary(record: dict[str, Any]) -> None:
     m, run = record["metrics"], record["run"]
     title = f"{record['task']} · {record['attn']}" + (f" · {record['selector']}" if record.get("selector") else "")
@@ -51,9 +67,7 @@ def print_summary(record: dict[str, Any]) -> None:
     ]
     tail = [("parameters", _fmt(m["params"], "{:,}")), ("fingerprint", _fmt(record.get("fingerprint")))]
     if record.get("off_protocol"):
-        keys = list(record.get("deviations") or {})
-        changed = ", ".join(keys[:6]) + (f", … ({len(keys) - 6} more)" if len(keys) > 6 else "")
-        tail.append(("off-protocol", f"changes {record.get('protocol')}'s {changed}"))
+        tail.append(("off-protocol", f"changes {record.get('protocol')}'s {changed_keys(record)}"))
     if evaluation:  # a tested checkpoint: its step instead of training numbers (its path is printed below)
         head = [
             ("checkpoint step", _fmt(evaluation.get("checkpoint_step"))),

@@ -23,12 +23,13 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from lra_bench import runtime
 from lra_bench.config.validate import check_writable, validate
-from lra_bench.record import results
+from lra_bench.record import conformance, results
 from lra_bench.record.builder import new_record, now
 from lra_bench.run import checkpointing, pretrain
 from lra_bench.run.build import build_datamodule, build_model
-from lra_bench.run.console import print_config, print_summary
+from lra_bench.run.console import conformance_line, print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.lock import RunDirLock
 from lra_bench.run.loggers import build_loggers, finish_wandb
@@ -167,7 +168,8 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
         return run_spt(cfg, output_dir)
     validate(cfg)
-    source = pretrain.resolve_stage(cfg)  # stage keys checked; `pretraining` derived; the run a fine-tune starts from
+    runtime.set_threads(cfg.get("threads"))  # before the record: `env.runtime` says what the run used
+    source = conformance.derive_run_keys(cfg)  # stage keys checked, `pretraining` derived (as the protocol check does)
     pretraining_stage = cfg.stage == "pretrain"
     check_launch(cfg)
     check_writable(output_dir)
@@ -220,6 +222,9 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         start.use_checkpoint(ckpt, module, record)
         owned = True
         record["run"]["resumed_from_step"] = checkpoint_step(ckpt)
+        write_record()  # identity and protocol conformance are known now: readable while the run trains
+        if is_zero:
+            print(conformance_line(record))
         # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
         checkpoint = checkpointing.BestCheckpoint(
             dirpath=str(output_dir / CHECKPOINT_DIR),

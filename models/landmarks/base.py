@@ -58,15 +58,26 @@ def cluster_means(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked means of `x [B, H, N, D]` over `m` clusters given integer `assignment [B, H, N]`.
 
-    Computed as a one-hot `[B, H, m, N]` matmul rather than `scatter_add`: it is deterministic on every
-    device, differentiable in `x`, and stays O(N·m) in memory (never N×N). Returns the means and the
-    per-cluster real-token counts `[B, H, m]` (0 = empty cluster, mean 0).
+    Returns the means and the per-cluster real-token counts `[B, H, m]` (0 = empty cluster, mean 0). Never N×N
+    in memory. On a CPU the sums are one `index_add` (pads go to a discarded slot per sequence and head):
+    sequential, hence deterministic, and 75 → 3 ms forward + backward at B=32, H=2, N=2048, m=64 on one thread.
+    On an accelerator `index_add` uses atomics (run-to-run nondeterministic sums), so there the sums are a
+    one-hot `[B, H, m, N]` matmul: deterministic on every device and differentiable in `x`. The two differ at
+    fp32 rounding level (summation order).
     """
-    real = mask.expand(assignment.shape).to(x.dtype)
-    onehot = torch.nn.functional.one_hot(assignment.long(), m).to(x.dtype)  # [B, H, N, m]
-    onehot = onehot * real.unsqueeze(-1)
-    counts = onehot.sum(dim=-2)  # [B, H, m]
-    sums = onehot.transpose(-1, -2) @ x  # [B, H, m, D]
+    real = mask.expand(assignment.shape)
+    if x.device.type == "cpu":
+        b, h, n, d = x.shape
+        slot = torch.where(real, assignment.long(), m)  # [B, H, N]; slot m collects the pads
+        ids = (slot + torch.arange(b * h, device=x.device).view(b, h, 1) * (m + 1)).reshape(-1)
+        sums = x.new_zeros(b * h * (m + 1), d).index_add(0, ids, x.reshape(-1, d)).view(b, h, m + 1, d)
+        counts = torch.bincount(ids, minlength=b * h * (m + 1)).to(x.dtype).view(b, h, m + 1)
+        sums, counts = sums[..., :m, :], counts[..., :m]
+    else:
+        onehot = torch.nn.functional.one_hot(assignment.long(), m).to(x.dtype)  # [B, H, N, m]
+        onehot = onehot * real.to(x.dtype).unsqueeze(-1)
+        counts = onehot.sum(dim=-2)  # [B, H, m]
+        sums = onehot.transpose(-1, -2) @ x  # [B, H, m, D]
     means = sums / counts.clamp_min(1.0).unsqueeze(-1)
     return means, counts
 

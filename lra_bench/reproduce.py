@@ -1,0 +1,209 @@
+"""`make reproduce TASK=listops ATTN=nystrom SEED=0`: one faithful run of a protocol, kept as evidence in the repo.
+
+The run is the protocol's own config with nothing but logistics overridden (where data and outputs go, the CSV
+logger, the progress display, one CPU thread), started as an ordinary `python run.py` process, so it is exactly
+what any user's `python run.py task=<t> attn=<a> protocol=<p> seed=<s>` computes, and its record says whether it
+is on-protocol. It trains in `outputs/reproductions/<protocol>/<task>/<attn>/seed-<s>/` (ListOps is generated at
+the official size on first use), and what is needed to re-check its number goes to the evidence folder
+`reproductions/<protocol>/<task>/<attn>/seed-<s>/`:
+
+* while it runs, every `--snapshot-every-s` seconds (and when it stops): `in-progress/`, the run dir's small files
+  plus `checkpoints/last.ckpt` and the best-val checkpoint last.ckpt refers to — commit it, and a later
+  `make reproduce` with the same arguments restores it and resumes bit-identically (on another machine too);
+* when it completes: `results.json`, `test_predictions.npz`, `identity.json`, the CSV metrics (`csv/`) and
+  `run.log` — no checkpoints; `in-progress/` is removed.
+
+A completed evidence folder is left as it is. `docs/reproductions.md` is generated from `reproductions/`
+(`python -m lra_bench.reproductions`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+EVIDENCE_ROOT = REPO / "reproductions"
+WORK_ROOT = REPO / "outputs" / "reproductions"
+IN_PROGRESS = "in-progress"
+#: what a completed run leaves as evidence (paths relative to its run dir; directories copied whole)
+EVIDENCE = ("results.json", "test_predictions.npz", "identity.json", "run.log", "csv")
+#: what an unfinished run needs to continue where it stopped (plus its checkpoints)
+PROGRESS = ("results.json", "identity.json", "run.log", "csv", ".hydra")
+
+
+def evidence_dir(protocol: str, task: str, attn: str, seed: int, root: Path = EVIDENCE_ROOT) -> Path:
+    return root / protocol / task / attn / f"seed-{seed}"
+
+
+def run_dir(protocol: str, task: str, attn: str, seed: int, work: Path = WORK_ROOT) -> Path:
+    """Where run.py puts the run: `<output_root>/<task>/<attn>/<run_name>` with the arguments `command` gives."""
+    return work / protocol / task / attn / f"seed-{seed}"
+
+
+def command(
+    protocol: str, task: str, attn: str, seed: int, data_dir: str, threads: int, work: Path, extra: list[str]
+) -> list[str]:
+    """`python run.py` with the protocol's config: the method and seed, then logistics only (`extra`, empty for a
+    reproduction, is for trials: any change there is recorded as off-protocol)."""
+    return [
+        sys.executable,
+        str(REPO / "run.py"),
+        f"task={task}",
+        f"attn={attn}",
+        f"protocol={protocol}",
+        f"seed={seed}",
+        f"data_dir={data_dir}",
+        f"output_root={work / protocol}",
+        f"run_name=seed-{seed}",
+        f"threads={threads}",
+        "logger=csv",
+        "callbacks.progress_bar=status",
+        "print_config=false",
+        *extra,
+    ]
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    elif src.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+def best_checkpoint_of(last: Path) -> str | None:
+    """The best-val checkpoint file name `last` refers to (its ModelCheckpoint state), if any."""
+    import torch
+
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    for key, value in (state.get("callbacks") or {}).items():
+        if "BestCheckpoint" in str(key) or "ModelCheckpoint" in str(key):
+            path = value.get("best_model_path") if isinstance(value, dict) else None
+            if path:
+                return Path(path).name
+    return None
+
+
+def snapshot(run: Path, evidence: Path) -> bool:
+    """Copy an unfinished run's state into `evidence/in-progress/` (replacing the previous snapshot whole, so the
+    folder is always one consistent state). False when there is no complete checkpoint pair to copy yet."""
+    ckpts = run / "checkpoints"
+    last = ckpts / "last.ckpt"
+    if not last.exists():
+        return False
+    staging = evidence / f".{IN_PROGRESS}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "checkpoints").mkdir(parents=True)
+    shutil.copy2(last, staging / "checkpoints" / "last.ckpt")  # atomic rename by the run: a whole file
+    best = best_checkpoint_of(staging / "checkpoints" / "last.ckpt")
+    if best:
+        try:
+            shutil.copy2(ckpts / best, staging / "checkpoints" / best)
+        except FileNotFoundError:  # replaced by a newer best since last.ckpt was written: next time
+            shutil.rmtree(staging)
+            return False
+    for name in PROGRESS:
+        _copy(run / name, staging / name)
+    target = evidence / IN_PROGRESS
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return True
+
+
+def restore(evidence: Path, run: Path) -> bool:
+    """Put a committed `in-progress/` snapshot into the run dir when the run dir has no checkpoint of its own."""
+    saved = evidence / IN_PROGRESS
+    if not (saved / "checkpoints" / "last.ckpt").exists() or (run / "checkpoints" / "last.ckpt").exists():
+        return False
+    run.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(saved, run, dirs_exist_ok=True)
+    return True
+
+
+def keep_evidence(run: Path, evidence: Path) -> None:
+    """A completed run's evidence replaces the in-progress snapshot."""
+    staging = evidence.parent / f".{evidence.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    for name in EVIDENCE:
+        _copy(run / name, staging / name)
+    shutil.rmtree(evidence, ignore_errors=True)
+    staging.rename(evidence)
+
+
+def record_status(path: Path) -> str | None:
+    import json
+
+    try:
+        return json.loads(path.read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def reproduce(args: argparse.Namespace) -> int:
+    evidence = evidence_dir(args.protocol, args.task, args.attn, args.seed, Path(args.evidence_root))
+    run = run_dir(args.protocol, args.task, args.attn, args.seed, Path(args.work_root))
+    if record_status(evidence / "results.json") == "completed":
+        print(f"[reproduce] {evidence} holds a completed run; nothing to do (remove it to run again)")
+        return 0
+    if restore(evidence, run):
+        print(f"[reproduce] restored the committed snapshot {evidence / IN_PROGRESS} into {run}; resuming")
+    cmd = command(
+        args.protocol, args.task, args.attn, args.seed, args.data_dir, args.threads, Path(args.work_root), args.override
+    )
+    print("[reproduce] " + " ".join(cmd[1:]), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    child = subprocess.Popen(cmd, cwd=REPO, env=env)
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:  # the run saves at its next step boundary, then we snapshot
+        forwarded.append(signum)
+        child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    last_snapshot = time.monotonic()
+    while child.poll() is None:
+        time.sleep(1.0)
+        if time.monotonic() - last_snapshot >= args.snapshot_every_s:
+            snapshot(run, evidence)
+            last_snapshot = time.monotonic()
+    code = child.returncode
+    if code == 0 and record_status(run / "results.json") == "completed":
+        keep_evidence(run, evidence)
+        print(f"[reproduce] completed: evidence in {evidence}")
+        return 0
+    saved = snapshot(run, evidence)
+    print(
+        f"[reproduce] run.py exited {code}; "
+        + (f"state saved in {evidence / IN_PROGRESS}" if saved else "no checkpoint to save yet")
+    )
+    return code or 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="listops")
+    parser.add_argument("--attn", default="nystrom")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--protocol", default="nystromformer")
+    parser.add_argument("--data-dir", default=os.environ.get("LRA_DATA_DIR", "data"))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: one process per core)")
+    parser.add_argument("--snapshot-every-s", type=float, default=600.0)
+    parser.add_argument("--evidence-root", default=str(EVIDENCE_ROOT))
+    parser.add_argument("--work-root", default=str(WORK_ROOT))
+    parser.add_argument(
+        "--override", action="append", default=[], help="a config override: makes the run off-protocol (for trials)"
+    )
+    return reproduce(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

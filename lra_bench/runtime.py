@@ -1,0 +1,94 @@
+"""How a process of the harness uses the CPU: threads, idle threads, freed memory — settled before torch starts.
+
+Measured on a 2-vCPU AMD EPYC (Zen 5) with torch 2.13's CPU build (libgomp, MKL/oneDNN), the faithful ListOps
+training step (`python -m lra_bench.bench.step`):
+
+* **Idle OpenMP threads spin.** With two threads and the other core busy (any shared machine) a step ran 4× slower
+  than at one thread (5.09 s vs 1.26 s), because libgomp's waiting threads spin for their next parallel region.
+  `OMP_WAIT_POLICY=PASSIVE` makes them sleep. libgomp reads it once, when torch loads it, so `prepare_process`
+  sets it (unless the environment already does) before anything imports torch.
+* **Freed memory is re-faulted.** glibc returns the top of the heap to the kernel on every large free (its trim
+  threshold) and serves allocations over its mmap threshold with fresh mappings, so each training step faulted
+  in its ~300k pages again (0.4 s of kernel time in a 1.65 s step). `keep_freed_memory` raises both thresholds
+  at start-up (`mallopt`, the same as `MALLOC_TRIM_THRESHOLD_` / `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TOP_PAD_` in
+  the environment): the heap keeps what it freed and the next step reuses it; the numbers are bitwise the same.
+* **Threads follow the CPUs the process may use**: its affinity mask, capped by `SLURM_CPUS_PER_TASK` under
+  SLURM (`usable_cpus`), unless `threads=N` (or `OMP_NUM_THREADS`) says otherwise.
+
+Everything here is logistics: it changes how fast a run goes, never what it computes beyond fp32 reduction order
+(which thread count can change); the record's `env.runtime` says what a run used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from typing import Any
+
+#: glibc mallopt parameters (malloc.h) and the values that keep freed memory in the heap: never trim, serve up
+#: to 32 MiB (glibc's largest mmap threshold on 64-bit) from the heap, grow the heap 64 MiB at a time
+MALLOPT = {"M_TRIM_THRESHOLD": (-1, 2**31 - 1), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_THRESHOLD": (-3, 32 << 20)}
+MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
+
+_applied: dict[str, Any] = {}
+
+
+def keep_freed_memory() -> dict[str, int] | None:
+    """Set `MALLOPT` with glibc's `mallopt` (None: not glibc, or the user set the `MALLOC_*_` variables)."""
+    if sys.platform != "linux" or any(k in os.environ for k in MALLOC_ENV):
+        return None
+    path = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(path or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and other libcs have no mallopt
+        return None
+    return {name: value for name, (param, value) in MALLOPT.items() if mallopt(param, value) == 1}
+
+
+def prepare_process() -> None:
+    """Before torch is imported: passive OpenMP waiting and the allocator settings (each only once, and only
+    where the environment does not already choose)."""
+    if _applied:
+        return
+    if "torch" in sys.modules:
+        _applied["note"] = "torch was imported before the runtime settings; OMP_WAIT_POLICY may not apply"
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _applied["malloc"] = keep_freed_memory()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by SLURM's `--cpus-per-task` when set."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return min(cpus, int(slurm)) if slurm.isdigit() and int(slurm) > 0 else cpus
+
+
+def set_threads(threads: int | None) -> int:
+    """torch's intra-op threads: `threads`, else `OMP_NUM_THREADS`, else `usable_cpus()`; returns the number."""
+    import torch
+
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    chosen = int(threads) if threads else int(env) if env.isdigit() and int(env) > 0 else usable_cpus()
+    if torch.get_num_threads() != chosen:
+        torch.set_num_threads(chosen)
+    return chosen
+
+
+def describe() -> dict[str, Any]:
+    """What the record's `env.runtime` says: the threads torch uses, the CPUs it may, the wait policy, the
+    allocator settings this process applied."""
+    import torch
+
+    return {
+        "threads": torch.get_num_threads(),
+        "usable_cpus": usable_cpus(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "malloc": _applied.get("malloc") or {k: os.environ[k] for k in MALLOC_ENV if k in os.environ} or None,
+        **({"note": _applied["note"]} if "note" in _applied else {}),
+    }

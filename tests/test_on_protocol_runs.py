@@ -1,0 +1,178 @@
+"""A run of a protocol's own config, with only logistics overridden, is on-protocol (issue: every faithful run was
+recorded off-protocol because the run derives `pretraining: "none"` while the protocol's composed config said null).
+
+Two levels, both through the run's own code: every task × attention a protocol's leaderboard lists goes through
+the function chain `lra_bench.run.train.train` runs before it records (validate → derive_run_keys → new_record →
+identify); and real `run.py` processes are read at the record they write once the run has started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, compose, start_run
+
+PROTOCOLS = ("nystromformer", "skyformer", "lra_original")
+#: every override a user may add without leaving the protocol: where data and outputs go, loggers, progress
+LOGISTICS = [
+    "data_dir=/tmp/lra-data",
+    "output_root=/tmp/lra-out",
+    "logger=none",
+    "run_name=x",
+    "callbacks.progress_bar=false",
+    "print_config=false",
+]
+EXTRA_ATTNS = ("linformer", "performer")  # in the published tables the reproductions stand beside
+
+
+def listed(protocol: str) -> list[tuple[str, str]]:
+    """task × attn as the protocol's leaderboard experiment lists them (Path-X included), plus the published
+    baselines' attentions."""
+    sweep = yaml.safe_load((REPO / "conf/experiment/leaderboard" / f"{protocol}.yaml").read_text())
+    params = sweep["hydra"]["sweeper"]["params"]
+    tasks = sorted({*params["task"].split(","), "pathx"})
+    attns = [*params["attn"].split(","), *EXTRA_ATTNS]
+    return [(t, a) for t in tasks for a in attns]
+
+
+class PreparedData(SimpleNamespace):
+    """What `identify` reads of a prepared data module: its source and cache folder."""
+
+    def data_info(self) -> dict[str, Any]:
+        return {"source": self.source}
+
+
+def recorded_conformance(overrides: list[str]) -> dict[str, Any]:
+    """The conformance a run of `overrides` records, through the chain `train()` runs before its first step."""
+    from lra_bench.config.validate import check_rules
+    from lra_bench.record import conformance
+    from lra_bench.record.builder import new_record
+    from lra_bench.run.start import identify
+
+    cfg = compose(overrides)
+    conformance.derive_run_keys(cfg)  # train(): validate (check_components first), then the stage keys
+    check_rules(cfg)
+    record = new_record(cfg, Path("/tmp/lra-out/run"), with_env=False)
+    identify(record, PreparedData(source="/tmp/lra-data/x", cache_path="/tmp/lra-data/cache/v1-0"))
+    return record
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_listed_run_of_a_protocol_is_on_protocol(protocol: str) -> None:
+    off = {}
+    for task, attn in listed(protocol):
+        record = recorded_conformance([f"task={task}", f"attn={attn}", f"protocol={protocol}", *LOGISTICS])
+        if record["off_protocol"] is not False:
+            off[(task, attn)] = record["deviations"]
+    assert not off, f"{protocol}: runs of its own config recorded off-protocol: {off}"
+
+
+def test_a_changed_protocol_value_is_still_off_protocol() -> None:
+    """The guard above must not pass by accepting anything: one changed value is one deviation."""
+    record = recorded_conformance(["task=listops", "attn=gpa", "trainer.max_steps=4999", *LOGISTICS])
+    assert record["off_protocol"] is True
+    assert record["deviations"] == {"trainer.max_steps": {"protocol": 5000, "run": 4999}}
+
+
+# -- real run.py processes ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def listops_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small ListOps in the official format (the product's generator, official file names and columns)."""
+    data = tmp_path_factory.mktemp("data")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasks.generate.listops",
+            "--out",
+            str(data / "listops-1000"),
+            "--num-train",
+            "96",
+            "--num-val",
+            "64",
+            "--num-test",
+            "64",
+            "--min-length",
+            "10",
+            "--max-length",
+            "200",
+            "--workers",
+            "1",
+            "--no-progress",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    return data
+
+
+def record_at_start(args: list[str], out: Path, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
+    """Start `python run.py ARGS`, read the record it writes once the run has started (identity and conformance
+    filled), stop the run; returns the record and what the run printed."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    log_path = out / "run.out"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = start_run([*args, f"output_root={out}"], env, stdout=log)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                records = list(out.rglob("results.json"))
+                record = json.loads(records[0].read_text()) if records else {}
+                if record.get("identity"):
+                    return record, log_path.read_text()
+                assert proc.poll() is None, f"run.py exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, "no started record in time"
+                time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("protocol", "attn"),
+    [("nystromformer", a) for a in ("gpa", "nystrom", "full", "linformer", "performer")]
+    + [("skyformer", "nystrom"), ("lra_original", "full")],
+)
+def test_a_real_run_of_the_protocol_records_on_protocol(
+    protocol: str, attn: str, listops_dir: Path, tmp_path: Path
+) -> None:
+    record, printed = record_at_start(
+        [
+            f"attn={attn}",
+            f"protocol={protocol}",
+            "task=listops",
+            f"data_dir={listops_dir}",
+            "logger=none",
+            "callbacks.progress_bar=false",
+            "print_config=false",
+        ],
+        tmp_path / "out",
+    )
+    assert record["status"] == "running"
+    assert record["pretraining"] == "none"
+    assert (record["off_protocol"], record["deviations"]) == (False, {}), record["deviations"]
+    assert f"on protocol {protocol}" in printed
+
+
+@pytest.mark.slow
+def test_a_real_off_protocol_run_says_so_at_its_start(listops_dir: Path, tmp_path: Path) -> None:
+    record, printed = record_at_start(
+        ["attn=gpa", "task=listops", f"data_dir={listops_dir}", "logger=none", "optim.lr=3e-4"], tmp_path / "out"
+    )
+    assert record["off_protocol"] is True
+    assert record["deviations"] == {"optim.lr": {"protocol": 1.0e-4, "run": 3.0e-4}}
+    assert "OFF protocol nystromformer: changes optim.lr" in printed
