@@ -263,6 +263,12 @@ def main(argv: list[str] | None = None) -> None:
         action="append",
         help="an spt_study dir (spt_study.json; repeatable); alone: only that section",
     )
+    parser.add_argument(
+        "--step",
+        type=Path,
+        action="append",
+        help="a training-step measurement (JSON with title, command, rows; repeatable); alone: only that section",
+    )
     args = parser.parse_args(argv)
     img_dir = args.out.parent / "img"
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -274,40 +280,75 @@ def main(argv: list[str] | None = None) -> None:
         for png in data.get("plots", []):
             shutil.copy2(folder / png, img_dir / png)
         loaded[key] = refresh(key, data)
-    if loaded or args.spt is None:
+    if loaded or (args.spt is None and args.step is None):
         text = render(loaded.get("bench"), loaded.get("approx"), img="img")
     else:  # only the study given: keep the document, replace (or add) its section
         text = args.out.read_text() if args.out.exists() else ""
     if args.spt:
-        text = with_spt_section(text, [json.loads((d / "spt_study.json").read_text()) for d in args.spt])
-    elif args.out.exists():  # a full render without --spt keeps the study section already in the document
-        text = keep_spt_section(text, args.out.read_text())
+        text = with_section(
+            text, "spt_study", spt_body([json.loads((d / "spt_study.json").read_text()) for d in args.spt])
+        )
+    if args.step:
+        text = with_section(text, "train_step", step_body([json.loads(p.read_text()) for p in args.step]))
+    previous = args.out.read_text() if args.out.exists() else ""
+    for name in KEPT_SECTIONS:  # a render without a section's inputs keeps that section as the document had it
+        text = keep_section(text, previous, name)
     args.out.write_text(text)
     print(f"wrote {args.out}")
 
 
-SPT_BEGIN, SPT_END = "<!-- spt_study: begin -->", "<!-- spt_study: end -->"
+def markers(name: str) -> tuple[str, str]:
+    """The comments around a section that is rendered apart (it takes hours to rerun, so a full render keeps it)."""
+    return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
 
 
-def keep_spt_section(text: str, previous: str) -> str:
-    """`text` with the study section of `previous` (if it has one) appended: the studies take hours to rerun."""
-    if SPT_BEGIN not in previous or SPT_END not in previous or SPT_BEGIN in text:
+#: sections rendered from their own inputs, kept by a full render: the self-pretraining studies, the training step
+KEPT_SECTIONS = ("spt_study", "train_step")
+
+
+def keep_section(text: str, previous: str, name: str) -> str:
+    """`text` with the `name` section of `previous` (if it has one) appended."""
+    begin, end = markers(name)
+    if begin not in previous or end not in previous or begin in text:
         return text
-    section = SPT_BEGIN + previous.split(SPT_BEGIN, 1)[1].split(SPT_END, 1)[0] + SPT_END + "\n"
+    section = begin + previous.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
     return text.rstrip("\n") + "\n\n" + section
 
 
-def with_spt_section(text: str, studies: list[dict[str, Any]]) -> str:
-    """`text` with the self-pretraining studies' section (between markers) replaced, or appended."""
+def with_section(text: str, name: str, body: str) -> str:
+    """`text` with the `name` section (between its markers) replaced by `body`, or appended."""
+    begin, end = markers(name)
+    section = f"{begin}\n{body.rstrip()}\n{end}\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        return head + section + rest.split(end, 1)[1].lstrip("\n")
+    return text.rstrip("\n") + "\n\n" + section
+
+
+def spt_body(studies: list[dict[str, Any]]) -> str:
     from lra_bench.spt_study import render_markdown as spt_markdown
 
     body = "\n".join(spt_markdown(study, h="##") for study in studies)
     note = "> Rendered from each study's `spt_study.json` by `python -m lra_bench.results_doc --spt DIR [--spt DIR …]`."
-    section = f"{SPT_BEGIN}\n{note}\n\n{body}{SPT_END}\n"
-    if SPT_BEGIN in text and SPT_END in text:
-        head, rest = text.split(SPT_BEGIN, 1)
-        return head + section + rest.split(SPT_END, 1)[1].lstrip("\n")
-    return text.rstrip("\n") + "\n\n" + section
+    return f"{note}\n\n{body}"
+
+
+def step_body(runs: list[dict[str, Any]]) -> str:
+    """The training-step table(s) of `python -m lra_bench.bench.step --json FILE` runs, each with its conditions."""
+    from lra_bench.bench.step import StepTiming, markdown
+
+    lines = [
+        "## The faithful training step against the matmul limit",
+        "",
+        "The protocol's own network, loss, backward and AdamW step (`python -m lra_bench.bench.step`), beside this "
+        "machine's fp32 matmul rate measured in the same process; *step / limit* is the step time over the time its "
+        "FLOPs would take at that rate; *whole protocol* projects 5000 steps plus 100 evaluations of 62 batches.",
+        "",
+    ]
+    for run in runs:
+        rows = [StepTiming(**row) for row in run["rows"]]
+        lines += [f"**{run['title']}** — `{run['command']}`", "", *markdown(rows), ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

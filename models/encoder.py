@@ -32,7 +32,8 @@ class MultiHeadAttention(nn.Module):
         """`x [B, N, dim]` → q, k, v `[B, H, N, D]`."""
         b, n, _ = x.shape
         qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv[0], qkv[1], qkv[2]
+        q, k, v = qkv.unbind(0)  # (indexing qkv[i] would zero-fill a whole [3, …] gradient per projection)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self.project(x)

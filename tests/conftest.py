@@ -99,6 +99,18 @@ def run_cli(
     return proc
 
 
+def write_listops(data_dir: Path, train: int = 96, evaluation: int = 64, max_length: int = 200) -> Path:
+    """A small ListOps under `data_dir/listops-1000/` in the official format, made by the product's generator (the
+    official file names and columns); returns `data_dir`."""
+    subprocess.run(
+        [sys.executable, "-m", "tasks.generate.listops", "--out", str(data_dir / "listops-1000"),
+         "--num-train", str(train), "--num-val", str(evaluation), "--num-test", str(evaluation),
+         "--min-length", "10", "--max-length", str(max_length), "--workers", "1", "--no-progress"],
+        cwd=REPO, check=True, capture_output=True,
+    )  # fmt: skip
+    return data_dir
+
+
 def checkpoint_step(path: Path) -> int:
     """The `global_step` of a checkpoint file, -1 while it is absent or being replaced."""
     try:

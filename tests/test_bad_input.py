@@ -66,6 +66,48 @@ def test_config_mistakes_are_one_line_exit_2(capsys, paths, argv: list[str], mes
     assert not paths["out"].exists()  # nothing written
 
 
+ADDED_KEYS = [
+    (
+        ["+trainer.max_step=5"],  # what Hydra itself suggests for `trainer.max_step=5`
+        "+trainer.max_step=5: max_step is neither a key of trainer nor an argument of pl.Trainer; did you mean "
+        "max_steps?",
+    ),
+    (["-m", "+trainer.max_step=1,2"], "+trainer.max_step=1,2: max_step is neither a key of trainer"),
+    (["+model.dimm=32"], "+model.dimm=32: model has no key dimm; did you mean dim?"),
+    (["++optim.lrr=0.1"], "++optim.lrr=0.1: optim has no key lrr; did you mean lr?"),
+    (["+callbacks.stats_warmup_step=3"], "callbacks has no key stats_warmup_step; did you mean stats_warmup_steps?"),
+    (["+spt.pretrain.optim.schedul=constant"], "optim has no key schedul; did you mean schedule?"),
+    (["+data.foo=1"], "+data.foo=1: data has no key foo (it has: batch_size, eval_batch_size, num_workers)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), ADDED_KEYS, ids=[" ".join(a) for a, _ in ADDED_KEYS])
+def test_unknown_added_keys_are_one_line_exit_2(capsys, paths, argv: list[str], message: str) -> None:
+    line = _refused(capsys, [*argv, f"output_root={paths['out']}"], check=check_run_config)
+    assert message in line
+    assert not paths["out"].exists()
+
+
+LEGITIMATE_ADDS = [
+    ["+trainer.detect_anomaly=true"],  # a pl.Trainer argument the trainer: group does not list
+    ["+trainer.max_time={seconds:4}"],
+    ["+spt.pretrain.optim.schedule=constant"],  # the pretraining stage's own value of optim.schedule
+    [
+        "+callbacks.lr_monitor._target_=pytorch_lightning.callbacks.LearningRateMonitor",
+        "+callbacks.lr_monitor.logging_interval=step",
+    ],
+    ["+fault.step_sleep_s=0.3"],  # a new top-level key
+    ["+hydra.job.env_set.LRA_TEST=1"],  # Hydra's own config
+    ["++trainer.max_steps=3"],  # `++` of a key that exists: an override
+]
+
+
+@pytest.mark.parametrize("argv", LEGITIMATE_ADDS, ids=[" ".join(a) for a in LEGITIMATE_ADDS])
+def test_legitimate_added_keys_pass_the_preflight(capsys, paths, argv: list[str]) -> None:
+    preflight([*argv, f"output_root={paths['out']}"], check=check_run_config)
+    assert "error" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("task", sorted(SEQ_LENS))
 def test_max_length_beyond_seq_len_is_one_line_for_every_task(capsys, paths, task: str) -> None:
     n = SEQ_LENS[task]
@@ -176,6 +218,7 @@ def test_the_command_lines_refuse_with_one_line_and_write_nothing(tmp_path: Path
         ([f"output_root={out}", "attn=fulll"], None, "Could not find 'attn/fulll'"),
         ([f"output_root={out}", "optim.lr=abc"], None, "optim.lr='abc'"),
         ([f"output_root={out}", "trainer.val_check_interval=0"], None, "trainer.val_check_interval=0"),
+        ([f"output_root={out}", f"data_dir={tmp_path / 'data'}", "+trainer.max_step=5"], None, "max_steps?"),
         ([f"output_root={a_file}"], None, f"output_root={a_file}: not a directory"),
         ([f"hydra.run.dir={out}/b", "seq_lens=[0]"], "lra_bench.bench", "seq_lens=[0]"),
         ([str(tmp_path / "empty")], "lra_bench.leaderboard", "no such directory"),
@@ -189,3 +232,4 @@ def test_the_command_lines_refuse_with_one_line_and_write_nothing(tmp_path: Path
             proc.stderr[-2000:],
         )
     assert not out.exists()
+    assert not (tmp_path / "data").exists()  # refused before any data was generated

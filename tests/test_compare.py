@@ -49,8 +49,16 @@ def write_run(
     tuning: dict[str, Any] | None = None,
     labels: np.ndarray | None = None,
     identity: bool = True,
+    legacy_timing: bool = False,
+    metrics: dict[str, Any] | None = None,
+    off_protocol: bool | None = False,
+    deviations: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
-    """A completed run's results.json (+ test_predictions.npz when `correct` is given) for `attn` and `seed`."""
+    """A completed run's results.json (+ test_predictions.npz when `correct` is given) for `attn` and `seed`.
+
+    The step-time keys a run records beside its median (`timed_steps`, `step_time_iqr_s`, `load_avg_1m`) default to
+    200 timed steps with an IQR of 5% of the median on an idle machine; `legacy_timing` leaves them out (an older
+    record). `metrics` overrides any metric; `off_protocol`/`deviations` are the conformance check's fields."""
     config = _config(f"attn={attn}", f"task={task}", *overrides)
     config["seed"] = seed
     if config.get("selector", {}).get("seed") is not None:
@@ -77,7 +85,15 @@ def write_run(
     test_acc = float(correct.mean()) if correct is not None else acc
     rec["run"].update(name=out.name, output_dir=str(out), finished_at="2026-01-02T00:00:00")
     rec["metrics"].update(test_acc=test_acc, val_acc=test_acc, step_time_median_s=step_s, peak_memory_mib=peak)
-    rec["env"] = {"hardware": {"cpu": "test cpu", "gpus": []}}
+    if correct is not None:
+        rec["metrics"]["test_examples"] = int(correct.size)
+    for key in ("timed_steps", "step_time_iqr_s", "load_avg_1m"):
+        rec["metrics"].pop(key, None)
+    if not legacy_timing:
+        rec["metrics"].update(timed_steps=200, step_time_iqr_s=0.05 * step_s, load_avg_1m=0.1)
+    rec["metrics"].update(metrics or {})
+    rec.update(off_protocol=off_protocol, deviations=None if off_protocol is None else (deviations or {}))
+    rec["env"] = {"hardware": {"cpu": "test cpu", "cpu_count": 2, "gpus": []}}
     results.write_atomic(out / results.FILENAME, rec)
     if correct is not None:
         label = labels if labels is not None else np.random.default_rng(1000).integers(0, 10, size=correct.size)
@@ -113,11 +129,12 @@ def compare(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """GPA beats Nyström on ListOps by ~3 pp over three seeds; on Text they are equal in expectation."""
+    """GPA beats Nyström on ListOps by ~5 pp over three seeds (clear even after Holm's correction over the two
+    tasks); on Text they are equal in expectation."""
     root = tmp_path_factory.mktemp("cmp")
     rng = np.random.default_rng(0)
     accs: dict[tuple[str, str], list[float]] = {}
-    for task, gap in (("listops", 0.03), ("text", 0.0)):
+    for task, gap in (("listops", 0.05), ("text", 0.0)):
         for seed in range(3):
             seed_effect = rng.normal(0, 0.01)
             a, b = planted(rng, 0.40 + gap + seed_effect, 0.40 + seed_effect)

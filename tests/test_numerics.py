@@ -63,3 +63,22 @@ def test_fp32_core_computes_in_fp32_under_bf16_autocast() -> None:
         assert (a @ b).dtype == torch.bfloat16
         with fp32_core(a.device):
             assert (a @ b).dtype == torch.float32
+
+
+@pytest.mark.parametrize("all_rows_valid", [True, False])
+def test_masked_softmax_is_the_masked_product_bit_for_bit(all_rows_valid: bool) -> None:
+    """The CPU shortcut (no final multiply when every row has a valid key) changes no value and no gradient."""
+    gen = torch.Generator().manual_seed(0)
+    scores = (torch.randn(3, 2, 5, 7, generator=gen) * 4).requires_grad_(True)
+    valid = torch.rand(3, 1, 1, 7, generator=gen) < 0.6
+    valid[..., 0] = True
+    if not all_rows_valid:
+        valid[1] = False  # a sequence without a valid key: its rows must be zeros
+    upstream = torch.randn(3, 2, 5, 7, generator=gen)
+    got = masked_softmax(scores, valid)
+    (grad,) = torch.autograd.grad(got, scores, upstream)
+    reference = torch.softmax(scores.masked_fill(~valid, torch.finfo(scores.dtype).min), -1) * valid
+    (ref_grad,) = torch.autograd.grad(reference, scores, upstream)
+    assert torch.equal(got, reference) and torch.equal(grad, ref_grad)
+    if not all_rows_valid:
+        assert torch.equal(got[1], torch.zeros_like(got[1]))

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, compose, start_run
+from tests.conftest import REPO, compose, start_run, write_listops
 
 PROTOCOLS = ("nystromformer", "skyformer", "lra_original")
 #: every override a user may add without leaving the protocol: where data and outputs go, loggers, progress
@@ -89,33 +87,7 @@ def test_a_changed_protocol_value_is_still_off_protocol() -> None:
 @pytest.fixture(scope="module")
 def listops_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small ListOps in the official format (the product's generator, official file names and columns)."""
-    data = tmp_path_factory.mktemp("data")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tasks.generate.listops",
-            "--out",
-            str(data / "listops-1000"),
-            "--num-train",
-            "96",
-            "--num-val",
-            "64",
-            "--num-test",
-            "64",
-            "--min-length",
-            "10",
-            "--max-length",
-            "200",
-            "--workers",
-            "1",
-            "--no-progress",
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return data
+    return write_listops(tmp_path_factory.mktemp("data"))
 
 
 def record_at_start(args: list[str], out: Path, timeout_s: float = 240) -> tuple[dict[str, Any], str]:

@@ -29,7 +29,7 @@ def _record(
     out: Path, attn: str, task: str, seed: int, *, seq_len: int = 1024, protocol: str = "nystromformer"
 ) -> None:
     rec = results.empty_record()
-    rec.update(status="completed", task=task, attn=attn, protocol=protocol, seed=seed)
+    rec.update(status="completed", task=task, attn=attn, protocol=protocol, seed=seed, off_protocol=False)
     rec["run"].update(output_dir=str(out), finished_at="2026-01-02T00:00:00")
     rec["metrics"].update(
         test_acc=ACC[attn] + 0.002 * seed,
@@ -77,7 +77,7 @@ def test_charts_from_a_five_task_sweep(tmp_path: Path) -> None:
     section = md.split("## Speed, accuracy and memory")[1].split("## Published reference rows")[0]
     assert "Pareto frontier: full, nystrom, gpa." in section  # listed from slowest to fastest
     assert "| gpa | 2.50× |" in section and "| full | 1.00× | 50.10 |" in section
-    assert "left out of the chart (no full-attention run with the same task, sequence length" in section
+    assert "left out of the chart, no speed ratio drawn (no on-protocol full-attention run with the same" in section
 
 
 def test_no_full_attention_run_means_no_chart(tmp_path: Path) -> None:

@@ -363,7 +363,7 @@ def test_leaderboard_keeps_spt_rows_apart_and_pretraining_runs_out(tmp_path: Pat
 
 # -- the study's numbers and its section in docs/results.md ----------------------------------------------------
 def test_study_summary_and_results_section() -> None:
-    from lra_bench.results_doc import SPT_BEGIN, SPT_END, keep_spt_section, with_spt_section
+    from lra_bench.results_doc import keep_section, markers, spt_body, with_section
     from lra_bench.spt_study import render_markdown, summarize
 
     rng = np.random.default_rng(0)
@@ -390,11 +390,12 @@ def test_study_summary_and_results_section() -> None:
         "uptime_before": "load 1", "uptime_after": "load 2", "command": "python -m lra_bench.spt_study",
     }  # fmt: skip
     doc = "# Results\n\n## Benchmark\n\nnumbers\n"
-    once = with_spt_section(doc, [study])
+    SPT_BEGIN, SPT_END = markers("spt_study")
+    once = with_section(doc, "spt_study", spt_body([study]))
     assert once.startswith(doc.rstrip("\n")) and once.count(SPT_BEGIN) == 1 and render_markdown(study, h="##") in once
     rows[0]["test_acc"] = 0.99
     study["summary"] = summarize(rows)
-    twice = with_spt_section(once + "\n## After\n", [study])
+    twice = with_section(once + "\n## After\n", "spt_study", spt_body([study]))
     assert twice.count(SPT_BEGIN) == twice.count(SPT_END) == 1 and "| 99.0 |" in twice and twice.endswith("## After\n")
-    rerendered = keep_spt_section("# Results\n\n## Benchmark\n\nnew numbers\n", twice)  # `make results` again
+    rerendered = keep_section("# Results\n\n## Benchmark\n\nnew numbers\n", twice, "spt_study")  # `make results`
     assert "new numbers" in rerendered and rerendered.count(SPT_BEGIN) == 1 and "| 99.0 |" in rerendered

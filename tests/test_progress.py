@@ -101,3 +101,21 @@ def test_in_a_terminal_the_bar_counts_steps_to_max_steps(tmp_path: Path) -> None
     assert any(re.search(r"\d+/12 \[[\d:]+<[\d:?]+", line) for line in bar)  # elapsed<remaining: the ETA
     assert any("train/loss=" in line for line in bar)
     assert "/-2" not in screen  # Lightning's "Epoch 0/-2" of a max_steps run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_run_projects_its_whole_schedule_evaluations_included(tmp_path: Path) -> None:
+    """After its first evaluation a run prints what is left: steps × the time of a step and evaluations × the time of
+    an evaluation, timed apart (a steps-only ETA leaves out a third of a faithful LRA schedule)."""
+    args = [a for a in ARGS if not a.startswith("trainer.val_check_interval")]
+    proc = run_cli(
+        [*args, "trainer.val_check_interval=4", "callbacks.progress_bar=status", "+fault.step_sleep_s=0.05"], tmp_path
+    )
+    found = re.findall(
+        r"projected: [\d:]+ to the end of the schedule \((\d+) steps × ([\d.]+) s \+ (\d+) evaluations", proc.stdout
+    )
+    assert len(found) == 1, proc.stdout[-3000:]  # once, after the first evaluation (step 4 of 12)
+    steps, step_s, evaluations = found[0]
+    assert (int(steps), int(evaluations)) == (8, 2)  # evaluations at steps 8 and 12 are still to come
+    assert float(step_s) >= 0.05  # every step slept 0.05 s: a step's time, not an evaluation's share of it

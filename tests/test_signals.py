@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from lra_bench.record import results
-from tests.conftest import TINY_LISTOPS, checkpoint_step, run_cli, start_run, wait_until
+from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, run_cli, start_run, wait_until
 from tests.wandb_log import history_steps, run_ids
 
 pytestmark = pytest.mark.slow
@@ -148,4 +148,78 @@ def test_sigterm_before_training_records_the_stop_and_exits_143(tmp_path: Path) 
     record = results.read_record(out / results.FILENAME)
     assert record["status"] == "interrupted" and "SIGTERM" in record["error"], record["error"]
     assert not (out / "checkpoints").exists()  # nothing to save, nothing half-written
+    assert record["error"].endswith("no checkpoint was saved: re-running the same command starts from step 0")
     assert not list((tmp_path / "data").glob(".listops-1000.*.tmp"))  # the generation's temp dir went too
+
+
+STATUS = re.compile(r"\[lra-bench\] step (\d+)/")
+
+
+def _steps_logged(run_log: Path) -> int:
+    """The last step a status line in the run's own `run.log` reports (0 before the first)."""
+    found = STATUS.findall(run_log.read_text(errors="replace")) if run_log.exists() else []
+    return int(found[-1]) if found else 0
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_under_tee_saves_even_though_the_pipe_died_and_the_record_tells_the_truth(tmp_path: Path) -> None:
+    """`python run.py … 2>&1 | tee log`, Ctrl-C: the terminal sends SIGINT to the pipeline's process group, tee dies,
+    the run's stdout and stderr become a broken pipe. The run still saves at the signal's step, says so in run.log,
+    exits 130, and its record's promise holds: the same command resumes there.
+
+    The pipeline is built as a shell builds it: both processes in one process group of their own (the test, like an
+    interactive shell, stays out of it); stdout is block-buffered, as it is for `python` without `-u`."""
+    out = tmp_path / "outputs" / "listops" / "full" / "sig"
+    args = _args(tmp_path, "csv", "callbacks.progress_bar=status", "callbacks.status_every_s=0.01")  # a line a step
+    env = {**os.environ, **_env(tmp_path, "csv")}
+    env.pop("PYTHONUNBUFFERED", None)
+    cmd = [sys.executable, str(REPO / "run.py"), *args]
+    # both with Ctrl-C's default action, as in a terminal's foreground job (a background `pytest &` passes SIG_IGN on)
+    run = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        process_group=0,
+        preexec_fn=_default_sigint,
+    )
+    tee = subprocess.Popen(
+        ["tee", str(tmp_path / "log")],
+        stdin=run.stdout,
+        stdout=subprocess.DEVNULL,
+        process_group=run.pid,
+        preexec_fn=_default_sigint,
+    )
+    assert run.stdout is not None
+    run.stdout.close()  # tee alone reads the pipe: once it is gone, writing to it fails (EPIPE)
+    try:
+        wait_until(lambda: _steps_logged(out / "run.log") >= 3, run, 300, "3 training steps")
+        os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the whole foreground process group
+        run.wait(timeout=120)
+        tee.wait(timeout=30)
+    finally:
+        for proc in (run, tee):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    run_log = (out / "run.log").read_text(errors="replace")
+    assert tee.returncode == -signal.SIGINT  # the pipe's reader really died of the Ctrl-C
+    assert run.returncode == 130, run_log[-3000:]
+    step = _saved_step(run_log)
+    assert 3 <= step < VAL_EVERY  # no periodic save yet: only the stop saved it
+    assert checkpoint_step(out / "checkpoints" / "last.ckpt") == step
+    record = results.read_record(out / results.FILENAME)
+    assert record["status"] == "interrupted"
+    assert record["error"] == (
+        f"stopped by SIGINT at step {step}; re-running the same command resumes from checkpoints/last.ckpt "
+        f"(step {step})"
+    )
+
+    run_cli(args, tmp_path, env=_env(tmp_path, "csv"))  # the same command again
+    record = results.read_record(out / results.FILENAME)
+    assert record["status"] == "completed" and record["run"]["resumed_from_step"] == step

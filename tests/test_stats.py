@@ -248,6 +248,8 @@ def test_verdict_wording() -> None:
         "no significant difference between GPA and Nyström on Text"
     )
     one = compare_paired([SeedOutcome(0, 0.41, 0.40)])
-    assert one.test == NO_TEST and verdict("A", "B", "Image", one).startswith("cannot tell whether A or B")
+    assert one.test == NO_TEST and verdict("A", "B", "Image", one).startswith(
+        "cannot tell whether this trained A model (seed 0) or this trained B model (seed 0)"
+    )
     same = compare_paired([SeedOutcome(s, 0.4, 0.4) for s in range(3)])
     assert same.p == 1.0 and "no significant difference" in verdict("A", "B", "Image", same)

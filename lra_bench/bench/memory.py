@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 _STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
+CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _status_kib(key: str) -> int | None:
+def status_kib(key: str) -> int | None:
     try:
         for line in _STATUS.read_text().splitlines():
             if line.startswith(key + ":"):
@@ -37,7 +37,7 @@ def _status_kib(key: str) -> int | None:
 
 def rss_bytes() -> int | None:
     """Current resident set size (VmRSS), or None off Linux."""
-    kib = _status_kib("VmRSS")
+    kib = status_kib("VmRSS")
     return None if kib is None else kib * 1024
 
 
@@ -75,7 +75,7 @@ class PeakMemory:
             return
         rss = rss_bytes()
         try:
-            _CLEAR_REFS.write_text("5")
+            CLEAR_REFS.write_text("5")
             self.method = "rss_hwm_reset"
         except OSError:
             self.method = "ru_maxrss"
@@ -86,7 +86,7 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             return torch.cuda.max_memory_allocated(self.device) - self.baseline, self.baseline, self.method
         if self.method == "rss_hwm_reset":
-            hwm = _status_kib("VmHWM")
+            hwm = status_kib("VmHWM")
             peak = (hwm or 0) * 1024
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -8,7 +8,9 @@ reports
 * `step_s`: the median wall time of one training step (forward, loss, backward, optimizer), after warm-up steps;
 * `eval_batch_s`: one evaluation batch (`eval()`, no grad) at the protocol's evaluation batch size;
 * `flops_step`: the step's FLOPs counted by `torch.utils.flop_counter.FlopCounterMode` (matmuls, convolutions,
-  SDPA: the work a limit can be computed for), and `limit_s`: those FLOPs at the machine's fp32 matmul rate,
+  SDPA: the work a limit can be computed for) — except a grouped convolution's backward, which torch's formula
+  counts as a dense one (38 GFLOPs instead of 1.2 for the kernel-35 depthwise skip on V); it is counted as twice
+  its forward (input and weight gradients) — and `limit_s`: those FLOPs at the machine's fp32 matmul rate,
   measured in the same process (`lra_bench.bench.machine.matmul_rate`) — `step_s / limit_s` is how far the step is
   from that limit (1.0: every FLOP at the best matmul rate);
 * `protocol_h`: the projected wall time of the whole schedule — `max_steps` steps plus
@@ -22,11 +24,19 @@ states the 1-minute load average before and after; compare runs only side by sid
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+from lra_bench.runtime import prepare_process
+
+if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle threads sleep, freed memory stays
+    prepare_process()
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +60,8 @@ class StepTiming:
     ratio: float
     protocol_h: float
     threads: int
+    device: str
+    load_1m: float  # the machine's 1-minute load average when this row was timed
 
 
 def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> Any:
@@ -92,10 +104,50 @@ def random_batch(cfg: Any, batch_size: int, gen: torch.Generator) -> dict[str, t
     return batch
 
 
-def autocast(precision: str) -> Any:
+def autocast(precision: str, device: torch.device) -> Any:
+    """Lightning's `bf16-mixed` / `16-mixed` as the trainer applies them (the attention cores stay fp32 inside)."""
     if precision.startswith("bf16"):
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision.startswith("16"):
+        return torch.autocast(device.type, dtype=torch.float16)
+    return torch.autocast(device.type, enabled=False)
+
+
+_SDPA_CPU_REGISTERED = False
+
+
+def count_cpu_sdpa() -> None:
+    """Teach `FlopCounterMode` the CPU flash-attention kernels SDPA dispatches to (torch counts only the CUDA
+    ones, so exact attention's n² products went uncounted on a CPU), with torch's own SDPA formulas."""
+    global _SDPA_CPU_REGISTERED
+    if _SDPA_CPU_REGISTERED:
+        return
+    from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu, get_raw=True)
+    def _forward(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+        return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, get_raw=True)
+    def _backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+        return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+    _SDPA_CPU_REGISTERED = True
+
+
+def counted_flops(counts: dict[Any, int]) -> float:
+    """Total FLOPs of one step with a grouped convolution's backward counted as twice its forward."""
+    by_name = {str(op).split(".")[-1]: float(n) for op, n in counts.items()}
+    if "convolution_backward" in by_name:
+        by_name["convolution_backward"] = 2.0 * by_name.get("convolution", 0.0)
+    return sum(by_name.values())
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_protocol(
@@ -107,24 +159,28 @@ def time_protocol(
     warmup: int = 2,
     eval_batches: int = 3,
     rate: float | None = None,
+    device: torch.device | None = None,
 ) -> StepTiming:
+    """Time the faithful training step and an evaluation batch of `attn` on `task` under `protocol` (see the
+    module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from lra_bench.bench.machine import matmul_rate
     from lra_bench.run.module import adamw_with_schedule
 
     cfg = protocol_config(task, attn, protocol, list(extra or []))
+    device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
-    model = faithful_network(cfg)
+    model = faithful_network(cfg).to(device)
     optim = adamw_with_schedule(model.parameters(), dict(cfg.optim), int(cfg.trainer.max_steps))
     optimizer, scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
     precision = str(cfg.trainer.get("precision", "32-true"))
     batch_size = int(cfg.data.batch_size)
     gen = torch.Generator().manual_seed(0)
-    batches = [random_batch(cfg, batch_size, gen) for _ in range(2)]
+    batches = [{k: v.to(device) for k, v in random_batch(cfg, batch_size, gen).items()} for _ in range(2)]
 
     def step(batch: dict[str, torch.Tensor]) -> None:
-        with autocast(precision):
+        with autocast(precision, device):
             logits = model(batch)
         loss = F.cross_entropy(logits.float(), batch["label"])
         optimizer.zero_grad(set_to_none=True)
@@ -133,27 +189,33 @@ def time_protocol(
         scheduler.step()
 
     model.train()
+    count_cpu_sdpa()
     with FlopCounterMode(display=False) as counter:
         step(batches[0])
-    flops = float(counter.get_total_flops())
+    flops = counted_flops(counter.get_flop_counts()["Global"])
+    load = os.getloadavg()[0]
     times = []
     for i in range(warmup + steps):
+        sync(device)
         start = time.perf_counter()
         step(batches[i % 2])
+        sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
     model.eval()
     eval_size = int(cfg.data.get("eval_batch_size") or batch_size)
-    eval_batch = random_batch(cfg, eval_size, gen)
+    eval_batch = {k: v.to(device) for k, v in random_batch(cfg, eval_size, gen).items()}
     eval_times = []
     with torch.no_grad():
         for i in range(1 + eval_batches):
+            sync(device)
             start = time.perf_counter()
-            with autocast(precision):
+            with autocast(precision, device):
                 model(eval_batch)
+            sync(device)
             if i:
                 eval_times.append(time.perf_counter() - start)
-    rate = rate or matmul_rate(torch.device("cpu"))["flops_per_s"]
+    rate = rate or matmul_rate(device)["flops_per_s"]
     step_s, eval_s = statistics.median(times), statistics.median(eval_times)
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s, step_s, step_s]
     max_steps = int(cfg.trainer.max_steps)
@@ -176,7 +238,25 @@ def time_protocol(
         ratio=step_s / (flops / rate),
         protocol_h=(max_steps * step_s + evaluations * val_batches * eval_s) / 3600,
         threads=torch.get_num_threads(),
+        device=str(device),
+        load_1m=(load + os.getloadavg()[0]) / 2,
     )
+
+
+def markdown(rows: list[StepTiming]) -> list[str]:
+    """The table docs/results.md carries (one row per attention and precision)."""
+    lines = [
+        "| attention | precision | FLOPs/step | matmul-limit time | step | step / limit | eval batch "
+        "| whole protocol | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.attn} | {r.precision} | {r.flops_step / 1e9:.1f} G | {r.limit_s:.2f} s "
+            f"| {r.step_s:.2f} s (IQR {r.step_spread_s:.2f}, {r.steps_timed} steps) | {r.ratio:.2f}× "
+            f"| {r.eval_batch_s:.2f} s | {r.protocol_h:.2f} h | {r.load_1m:.1f} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,22 +266,47 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--protocol", default="nystromformer")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.precision=bf16-mixed")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as a run picks them)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--precisions", nargs="+", default=["32-true"], help="e.g. 32-true bf16-mixed")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here (results_doc --step)")
+    parser.add_argument("--title", default=None, help="what the measurement is (the machine's state): for the doc")
+    parser.add_argument("overrides", nargs="*", help="config overrides (any change makes the timing off-protocol)")
     args = parser.parse_args(argv)
-    from lra_bench.bench.machine import matmul_rate
+    from lra_bench import runtime
+    from lra_bench.bench.machine import matmul_rate, resolve_device
 
-    load_before = os.getloadavg()[0]
-    rate = matmul_rate(torch.device("cpu"))["flops_per_s"]
+    runtime.set_threads(args.threads)
+    device = resolve_device(args.device)
+    rate = matmul_rate(device)["flops_per_s"]
     rows = [
-        time_protocol(args.task, a, args.protocol, args.overrides, args.steps, args.warmup, rate=rate)
+        time_protocol(
+            args.task,
+            a,
+            args.protocol,
+            [*args.overrides, f"trainer.precision={p}"],
+            args.steps,
+            args.warmup,
+            rate=rate,
+            device=device,
+        )
         for a in args.attn
+        for p in args.precisions
     ]
-    print(
-        f"fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, {torch.get_num_threads()} thread(s), "
-        f"load {load_before:.2f} → {os.getloadavg()[0]:.2f}"
+    conditions = (
+        f"{args.task}, protocol {args.protocol}, on {device} — fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, "
+        f"{torch.get_num_threads()} thread(s)"
     )
-    for r in rows:
-        print(asdict(r))
+    print(conditions)
+    print("\n".join(markdown(rows)))
+    if args.json:
+        argv_shown = " ".join(sys.argv[1:] if argv is None else argv)
+        payload = {
+            "title": f"{args.title + ': ' if args.title else ''}{conditions}",
+            "command": f"python -m lra_bench.bench.step {argv_shown}".strip(),
+            "rows": [asdict(r) for r in rows],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 if __name__ == "__main__":

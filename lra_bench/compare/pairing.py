@@ -2,8 +2,11 @@
 
 Per-example outputs (`test_predictions.npz`) are used when both runs of a seed have them; their labels must be
 identical (same test split, same order), else the pairing would be meaningless and the comparison is refused.
-Without them the comparison falls back to seed-level accuracies and says so. Efficiency (median step time, peak
-memory) comes from the same runs, and is marked not comparable when the runs ran on different hardware.
+Without them the comparison falls back to seed-level accuracies (differences from the correct counts that the
+accuracies and test sizes give, see `lra_bench.stats.paired`) and says so. Efficiency (median step time, peak
+memory) comes from the same runs, and is marked not comparable when the runs ran on different hardware; the
+step-time ratio gets an interval from the runs' timed steps and their spread, or none when too few steps were
+timed (`lra_bench.stats.speed`), and the machine load each side was timed under goes beside it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from lra_bench.compare.sides import CompareError, Side
+from lra_bench.compare.sides import CompareError, Side, identity_of
 from lra_bench.leaderboard.aggregate import task_order
 from lra_bench.record import predictions
+from lra_bench.record.identity import MEASUREMENT, differing_keys, under
 from lra_bench.stats.paired import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
@@ -28,14 +32,21 @@ from lra_bench.stats.paired import (
     SeedOutcome,
     compare_average,
     compare_paired,
+    outcome_from_accuracies,
     outcome_from_predictions,
 )
+from lra_bench.stats.speed import UNMEASURED, SpeedRatio, Timing, average_speed_ratio, speed_ratio
 from lra_bench.stats.summary import holm
+from lra_bench.stats.verdict import Adjustment
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Medians over the paired seeds; ratios are A / B (a step-time ratio < 1 = A is faster)."""
+    """Medians over the paired seeds; ratios are A / B (a step-time ratio < 1 = A is faster).
+
+    `speed`: the step-time ratio (of the geometric means of the runs' medians) with its interval, or why there is
+    none; `load_*`: each run's 1-minute load average while it was timed and `timed_steps_*` its number of timed
+    steps (None: unknown); `cpus`: the CPU count of the (one) machine."""
 
     step_time_a_s: float | None
     step_time_b_s: float | None
@@ -43,10 +54,16 @@ class Efficiency:
     peak_memory_b_mib: float | None
     comparable: bool
     note: str = ""
+    speed: SpeedRatio = SpeedRatio(None, None, UNMEASURED)
+    load_a: tuple[float | None, ...] = ()
+    load_b: tuple[float | None, ...] = ()
+    timed_steps_a: tuple[int | None, ...] = ()
+    timed_steps_b: tuple[int | None, ...] = ()
+    cpus: int | None = None
 
     @property
     def step_time_ratio(self) -> float | None:
-        return _ratio(self.step_time_a_s, self.step_time_b_s)
+        return self.speed.ratio
 
     @property
     def memory_ratio(self) -> float | None:
@@ -67,6 +84,7 @@ class TaskComparison:
     efficiency: Efficiency
     holm_p: float | None = None
     notes: list[str] = field(default_factory=list)
+    adjusted: Adjustment | None = None  # the Holm-adjusted p the verdict decides on, when several tasks are tested
 
     @property
     def acc_a(self) -> float:
@@ -102,7 +120,22 @@ def seed_outcome(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any], notes:
             if recorded is not None and abs(float(recorded) - pred.accuracy) > 1e-6:
                 notes.append(f"{path}: accuracy {pred.accuracy:.4f} ≠ the record's test_acc {float(recorded):.4f}")
         return outcome_from_predictions(seed, a.correct, b.correct)
-    return SeedOutcome(seed, float(rec_a["metrics"]["test_acc"]), float(rec_b["metrics"]["test_acc"]))
+    return _outcome_from_records(seed, rec_a, rec_b)
+
+
+def _outcome_from_records(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any]) -> SeedOutcome:
+    """The seed's outcome from the two records' accuracies and test sizes (a size that differs: another test set)."""
+    ma, mb = rec_a.get("metrics") or {}, rec_b.get("metrics") or {}
+    na, nb = ma.get("test_examples"), mb.get("test_examples")
+    if na is not None and nb is not None and na != nb:
+        raise CompareError(
+            f"seed {seed}: A was tested on {na} examples and B on {nb}: not the same test set "
+            f"({rec_a['_path']} / {rec_b['_path']})"
+        )
+    try:
+        return outcome_from_accuracies(seed, float(ma["test_acc"]), float(mb["test_acc"]), na, nb)
+    except ValueError as err:
+        raise CompareError(f"{err} ({rec_a['_path']} / {rec_b['_path']})") from None
 
 
 def _hardware(record: dict[str, Any]) -> str:
@@ -114,13 +147,30 @@ def _median(values: Sequence[Any]) -> float | None:
     return statistics.median(nums) if nums else None
 
 
-def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> Efficiency:
+def _metric(record: dict[str, Any], key: str) -> Any:
+    """`record["metrics"][key]`; None when absent (records written before the key existed)."""
+    return (record.get("metrics") or {}).get(key)
+
+
+def timing(record: dict[str, Any]) -> Timing:
+    """The run's step-time measurement (`timed_steps`, `step_time_iqr_s`: None in older records)."""
+    return Timing(
+        _metric(record, "step_time_median_s"), _metric(record, "timed_steps"), _metric(record, "step_time_iqr_s")
+    )
+
+
+def _cpus(records: Sequence[dict[str, Any]]) -> int | None:
+    counts = {((r.get("env") or {}).get("hardware") or {}).get("cpu_count") for r in records}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], level: float = 0.95) -> Efficiency:
     hardware = {_hardware(r) for r in (*a, *b)}
     comparable = len(hardware) == 1
     note = "" if comparable else f"measured on {len(hardware)} different hardware setups: not comparable"
 
     def metric(runs: Sequence[dict[str, Any]], key: str) -> float | None:
-        return _median([(r.get("metrics") or {}).get(key) for r in runs])
+        return _median([_metric(r, key) for r in runs])
 
     return Efficiency(
         metric(a, "step_time_median_s"),
@@ -129,6 +179,23 @@ def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> Effi
         metric(b, "peak_memory_mib"),
         comparable,
         note,
+        speed_ratio([timing(r) for r in a], [timing(r) for r in b], level),
+        tuple(_metric(r, "load_avg_1m") for r in a),
+        tuple(_metric(r, "load_avg_1m") for r in b),
+        tuple(_metric(r, "timed_steps") for r in a),
+        tuple(_metric(r, "timed_steps") for r in b),
+        _cpus([*a, *b]),
+    )
+
+
+def measurement_note(records: Sequence[dict[str, Any]]) -> str | None:
+    """A note when the runs differ in `MEASUREMENT` keys (allowed: they never change a weight or a prediction)."""
+    keys = [k for k in differing_keys([identity_of(r) for r in records]) if under(k, MEASUREMENT)]
+    if not keys:
+        return None
+    return (
+        f"the runs differ in {', '.join(keys)}: measurement settings that never change a weight or a test "
+        "prediction (compared as the protocol check does); a peak memory may include their probe"
     )
 
 
@@ -157,7 +224,11 @@ def compare_task(
         )
     # each task its own random stream, so the tasks' bootstrap draws are independent (the average relies on it)
     result = compare_paired(outcomes, level=level, n_resamples=n_resamples, seed=(seed, index))
-    eff = efficiency([runs_a[s] for s in seeds], [runs_b[s] for s in seeds])
+    paired_a, paired_b = [runs_a[s] for s in seeds], [runs_b[s] for s in seeds]
+    eff = efficiency(paired_a, paired_b, level)
+    measured = measurement_note([*paired_a, *paired_b])
+    if measured:
+        notes.append(measured)
     return TaskComparison(task, seeds, only_a, only_b, result, eff, notes=notes)
 
 
@@ -175,15 +246,13 @@ class Comparison:
     seed: int
 
     @property
-    def average_efficiency(self) -> tuple[float | None, float | None]:
-        """Geometric means over tasks of the step-time and memory ratios (comparable tasks only)."""
-
-        def geo(values: list[float | None]) -> float | None:
-            nums = [v for v in values if v is not None and v > 0]
-            return math.exp(statistics.fmean(math.log(v) for v in nums)) if nums else None
-
+    def average_efficiency(self) -> tuple[SpeedRatio, float | None]:
+        """Over comparable tasks: the geometric-mean step-time ratio (with its interval when every task has one) and
+        the geometric mean of the memory ratios."""
         ok = [t.efficiency for t in self.tasks if t.efficiency.comparable]
-        return geo([e.step_time_ratio for e in ok]), geo([e.memory_ratio for e in ok])
+        memory = [e.memory_ratio for e in ok if e.memory_ratio is not None and e.memory_ratio > 0]
+        geo = math.exp(statistics.fmean(math.log(v) for v in memory)) if memory else None
+        return average_speed_ratio([e.speed for e in ok], self.level), geo
 
 
 def compare_sides(
@@ -207,7 +276,9 @@ def compare_sides(
             compared.append(item)
     if not compared:
         raise CompareError(f"A and B share no seed on any common task ({', '.join(tasks)})")
+    family = sum(1 for t in compared if t.result.p is not None)
     for item, p in zip(compared, holm([t.result.p for t in compared])):
         item.holm_p = p
+        item.adjusted = Adjustment(p, family) if family > 1 and p is not None else None
     average = compare_average([t.result for t in compared], level, n_resamples, seed) if len(compared) > 1 else None
     return Comparison(a, b, compared, average, unpaired, only_a, only_b, level, n_resamples, seed)

@@ -10,7 +10,8 @@ from lra_bench.compare.pairing import Comparison, Efficiency, TaskComparison
 from lra_bench.compare.sides import Side
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.stats.paired import MCNEMAR, SIGN_FLIP, T_TEST, WELCH, PairedResult
-from lra_bench.stats.verdict import significant, verdict
+from lra_bench.stats.speed import MIN_TIMED_STEPS, TOO_FEW, UNMEASURED, SpeedRatio
+from lra_bench.stats.verdict import METHOD_SEEDS, significant, verdict
 
 SHORT_TEST = {T_TEST: "paired t", MCNEMAR: "McNemar", WELCH: "Welch t", SIGN_FLIP: "sign-flip"}
 
@@ -45,12 +46,26 @@ def _x(ratio: float | None) -> str:
     return "—" if ratio is None else f"{ratio:.2f}×"
 
 
+def setup_text(side: Side, task: str) -> str:
+    """How the side's runs on `task` were set up: tuned or not, and whether they kept the protocol's values — an
+    untuned run is "the protocol's values" only when its record says it is on protocol."""
+    tuning = side.tuning(task)
+    protocol = side.protocol(task)
+    if tuning is not None:
+        off = protocol.describe(skip=tuple(tuning.values))
+        return tuning.describe() + (f"; {off}" if off else "")
+    off = protocol.describe()
+    return f"untuned, {off}" if off else "untuned (the protocol's values)"
+
+
 def side_line(side: Side, tasks: Sequence[str]) -> str:
-    tunings = {t: side.tuning(t) for t in tasks}
-    described = {(tu.describe() if tu else "untuned (the protocol's values)") for tu in tunings.values()}
-    tuning = "; ".join(sorted(described))
+    described = {t: setup_text(side, t) for t in tasks}
+    if len(set(described.values())) == 1:
+        setup = next(iter(described.values()))
+    else:
+        setup = "; ".join(f"{task_label(t)}: {text}" for t, text in described.items())
     n_runs = sum(len(side.runs.get(t, {})) for t in tasks)
-    return f"**{side.name}** = {side.label} (`{side.spec}`, {n_runs} runs) — {tuning}"
+    return f"**{side.name}** = {side.label} (`{side.spec}`, {n_runs} runs) — {setup}"
 
 
 def identity_source(comparison: Comparison) -> str:
@@ -61,13 +76,24 @@ def identity_source(comparison: Comparison) -> str:
     return f"the resolved configs ({len(records) - recorded} of {len(records)} records predate the identity field)"
 
 
+def _speed_cell(speed: SpeedRatio) -> str:
+    """The table's step-time cell: the ratio with its interval, or why there is none."""
+    if speed.status == UNMEASURED or speed.ratio is None:
+        return "—"
+    if speed.status == TOO_FEW:
+        return "too few steps"
+    if speed.ci is None:
+        return f"{speed.ratio:.2f}× (no CI)"
+    return f"{speed.ratio:.2f}× ({speed.ci[0]:.2f}–{speed.ci[1]:.2f})"
+
+
 def _row(
     name: str,
     seeds: int,
     acc: tuple[float | None, float | None],
     result: PairedResult,
     holm_p: float | None,
-    eff: tuple[float | None, float | None],
+    eff: tuple[SpeedRatio, float | None],
     marks: str,
 ) -> list[str]:
     return [
@@ -81,26 +107,70 @@ def _row(
         _p(result.p),
         _p(holm_p),
         _interval(result.bootstrap_ci),
-        _x(eff[0]),
+        _speed_cell(eff[0]),
         _x(eff[1]),
         marks,
     ]
 
 
 def _tuning_marks(comparison: Comparison, task: str) -> str:
-    return " / ".join("tuned" if side.tuning(task) is not None else "untuned" for side in (comparison.a, comparison.b))
+    def mark(side: Side) -> str:
+        tuned = "tuned" if side.tuning(task) is not None else "untuned"
+        conformance = side.protocol(task).conformance
+        return tuned + {"off": " (off-protocol)", "unchecked": " (protocol unchecked)"}.get(conformance, "")
+
+    return " / ".join(mark(side) for side in (comparison.a, comparison.b))
 
 
-def _efficiency_line(task: str, eff: Efficiency) -> str:
+def speed_text(speed: SpeedRatio, level: float) -> str:
+    """E.g. "A/B 0.50×, 95% CI 0.47–0.53×: A is 2.00× faster" — a winner only when the interval excludes 1."""
+    if speed.ratio is None:
+        return "step time not measured on every run"
+    ratio = f"A/B {speed.ratio:.2f}×"
+    if speed.status == TOO_FEW:
+        return f"{ratio}: too few timed steps to tell ({speed.reason})"
+    if speed.ci is None:
+        return f"{ratio}: no interval, so no speed verdict ({speed.reason})"
+    interval = f"{ratio}, {round(100 * level)}% CI {speed.ci[0]:.2f}–{speed.ci[1]:.2f}×"
+    faster = speed.faster()
+    if faster is None:
+        return f"{interval}: no clear speed difference"
+    factor = 1 / speed.ratio if faster == "A" else speed.ratio
+    return f"{interval}: {faster} is {factor:.2f}× faster"
+
+
+def _loads(values: Sequence[float | None]) -> str:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return "unknown"
+    shown = f"{known[0]:.2f}" if known[0] == known[-1] else f"{known[0]:.2f}–{known[-1]:.2f}"
+    return shown + (f" ({len(values) - len(known)} run(s) unknown)" if len(known) < len(values) else "")
+
+
+def _steps(values: Sequence[int | None]) -> str:
+    known = sorted(v for v in values if v is not None)
+    if len(known) < len(values):
+        return "unknown"
+    return str(known[0]) if known[0] == known[-1] else f"{known[0]}–{known[-1]}"
+
+
+def load_text(eff: Efficiency) -> str:
+    """The machine load each side was timed under (1-minute load average), and the timed-step counts."""
+    cpus = f", {eff.cpus} CPUs" if eff.cpus else ""
+    return (
+        f"timed steps per run A {_steps(eff.timed_steps_a)}, B {_steps(eff.timed_steps_b)}; machine load while "
+        f"timing (1-min load average{cpus}) A {_loads(eff.load_a)}, B {_loads(eff.load_b)}"
+    )
+
+
+def _efficiency_line(task: str, eff: Efficiency, level: float) -> str:
     if not eff.comparable:
         return f"- {task_label(task)}: {eff.note}"
     parts = []
     if eff.step_time_ratio is not None:
-        faster = "A" if eff.step_time_ratio < 1 else "B"
-        factor = 1 / eff.step_time_ratio if eff.step_time_ratio < 1 else eff.step_time_ratio
         parts.append(
             f"median step time A {1000 * eff.step_time_a_s:.1f} ms vs B {1000 * eff.step_time_b_s:.1f} ms "  # type: ignore[operator]
-            f"(A/B {eff.step_time_ratio:.2f}×: {faster} is {factor:.2f}× faster)"
+            f"({speed_text(eff.speed, level)}; {load_text(eff)})"
         )
     if eff.memory_ratio is not None:
         parts.append(
@@ -127,9 +197,17 @@ def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
         "and test-set noise; 1 seed: bootstrap over test examples with the exact McNemar test, test-set noise "
         f"only). *bootstrap CI*: resampling seeds, then test examples within each seed ({c.n_resamples} resamples, "
         f"seed {c.seed}); with few seeds it understates the seed variance and never decides the verdict. Ratios are "
-        "A / B, from the same runs.",
+        f"A / B, from the same runs; a step-time ratio has an interval only when every run timed ≥ {MIN_TIMED_STEPS} "
+        "steps and recorded their spread.",
         "",
     ]
+    if any(len(t.seeds) == 1 for t in c.tasks):
+        out += [
+            f"**One seed** on {', '.join(task_label(t.task) for t in c.tasks if len(t.seeds) == 1)}: one trained model "
+            "per method, so a verdict there is about these two models on this test set, not about the methods "
+            f"(seed noise of 1–3 pp is not covered). Run ≥ {METHOD_SEEDS} seeds per method to compare the methods.",
+            "",
+        ]
     header = [
         "task",
         "seeds",
@@ -152,7 +230,7 @@ def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
             (t.acc_a, t.acc_b),
             t.result,
             t.holm_p,
-            (t.efficiency.step_time_ratio, t.efficiency.memory_ratio),
+            (t.efficiency.speed, t.efficiency.memory_ratio),
             _tuning_marks(c, t.task),
         )
         for t in c.tasks
@@ -165,21 +243,24 @@ def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
     out += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in body]
     out += ["", "## Verdicts", ""]
-    out += [f"- {verdict(c.a.label, c.b.label, task_label(t.task), t.result, alpha, c.level)}" for t in c.tasks]
+    out += [f"- {task_verdict(c, t, alpha)}" for t in c.tasks]
     if c.average is not None:
         out.append(f"- {verdict(c.a.label, c.b.label, average_label(names), c.average, alpha, c.level)}")
     tested = [t for t in c.tasks if t.result.p is not None]
     if len(tested) > 1:
         raw = sum(1 for t in tested if significant(t.result, alpha))
-        kept = sum(1 for t in tested if significant(t.result, alpha) and t.holm_p is not None and t.holm_p < alpha)
+        kept = sum(1 for t in tested if significant(t.result, alpha, t.adjusted))
         out += [
             "",
             f"Multiple comparisons: {len(tested)} tasks tested at α = {alpha}; by chance alone about "
-            f"{alpha * len(tested):.2f} would come out significant. {raw} did; {kept} stay significant after Holm's "
-            "correction (the *Holm p* column).",
+            f"{alpha * len(tested):.2f} would come out significant on the raw p. {raw} did; {kept} stay significant "
+            "after Holm's correction (the *Holm p* column), and the task verdicts above decide on the Holm p.",
         ]
     out += ["", "## Efficiency (measured in the same runs)", ""]
-    out += [_efficiency_line(t.task, t.efficiency) for t in c.tasks]
+    out += [_efficiency_line(t.task, t.efficiency, c.level) for t in c.tasks]
+    average_speed = c.average_efficiency[0]
+    if len(c.tasks) > 1 and average_speed.ratio is not None:
+        out.append(f"- average over tasks (geometric mean): {speed_text(average_speed, c.level)}")
     notes = _notes(c)
     if notes:
         out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
@@ -229,6 +310,33 @@ def _result_json(result: PairedResult) -> dict[str, Any]:
     }
 
 
+def task_verdict(c: Comparison, t: TaskComparison, alpha: float) -> str:
+    """The task's sentence, deciding on the Holm-adjusted p when several tasks are tested."""
+    return verdict(c.a.label, c.b.label, task_label(t.task), t.result, alpha, c.level, t.adjusted)
+
+
+def _speed_json(e: Efficiency) -> dict[str, Any]:
+    return {
+        "step_time_ratio": e.step_time_ratio,
+        "step_time_ratio_ci": list(e.speed.ci) if e.speed.ci else None,
+        "speed_status": e.speed.status,
+        "speed_reason": e.speed.reason,
+        "faster": e.speed.faster(),
+        "timed_steps_a": list(e.timed_steps_a),
+        "timed_steps_b": list(e.timed_steps_b),
+        "load_avg_1m_a": list(e.load_a),
+        "load_avg_1m_b": list(e.load_b),
+        "cpu_count": e.cpus,
+    }
+
+
+def _protocol_json(c: Comparison, task: str) -> dict[str, Any]:
+    return {
+        side.name: {"conformance": side.protocol(task).conformance, "deviations": side.protocol(task).deviations}
+        for side in (c.a, c.b)
+    }
+
+
 def _task_json(c: Comparison, t: TaskComparison, alpha: float) -> dict[str, Any]:
     e = t.efficiency
     return {
@@ -238,13 +346,15 @@ def _task_json(c: Comparison, t: TaskComparison, alpha: float) -> dict[str, Any]
         "acc_b": t.acc_b,
         **_result_json(t.result),
         "holm_p": t.holm_p,
-        "significant": significant(t.result, alpha),
-        "verdict": verdict(c.a.label, c.b.label, task_label(t.task), t.result, alpha, c.level),
+        "significant": significant(t.result, alpha, t.adjusted),
+        "significance_p": "holm_p" if t.adjusted is not None else "p",
+        "verdict": task_verdict(c, t, alpha),
         "tuned": {"A": c.a.tuning(t.task) is not None, "B": c.b.tuning(t.task) is not None},
+        "protocol": _protocol_json(c, t.task),
         "efficiency": {
             "step_time_a_s": e.step_time_a_s,
             "step_time_b_s": e.step_time_b_s,
-            "step_time_ratio": e.step_time_ratio,
+            **_speed_json(e),
             "peak_memory_a_mib": e.peak_memory_a_mib,
             "peak_memory_b_mib": e.peak_memory_b_mib,
             "memory_ratio": e.memory_ratio,

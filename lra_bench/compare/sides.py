@@ -2,15 +2,22 @@
 
 A side is one experiment per task — the same identity for every seed — so its seeds are replicates. Two sides
 may differ only in the method (`attn.*`, `selector.*`) and the seed; anything else (lr, steps, data, protocol) would
-make the difference partly about that, and is refused with the keys named. Two *tuned* sides (`tuning=tuned`)
-may also differ in the values their searches chose, provided the searches had the same budget and space — that
-is the point of fair tuning; a tuned side against an untuned one is refused (pass `--allow-differ` to accept it
-knowingly, and the report marks which side was tuned).
+make the difference partly about that, and is refused with the keys named. Measurement settings
+(`lra_bench.record.identity.MEASUREMENT`: `diagnostics.*`) never change a weight or a prediction, so they may
+differ anywhere — the same rule as the protocol check's (`lra_bench.record.conformance`). Two *tuned* sides
+(`tuning=tuned`) may also differ in the values their searches chose, provided the searches had the same budget and
+space — that is the point of fair tuning; a tuned side against an untuned one is refused (pass `--allow-differ` to
+accept it knowingly, and the report marks which side was tuned). Whether a side kept its protocol's values is what its
+records say (`off_protocol`, `deviations`), and the report says it.
+
+A record whose test accuracy is not a number (NaN, inf) is refused: no statistic can use it, and leaving it out
+quietly would change which seeds are paired.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.leaderboard.aggregate import canonical_task, find_results, load_records, method_label
-from lra_bench.record.identity import config_identity, differing_keys
+from lra_bench.leaderboard.experiments import conformance
+from lra_bench.record.identity import MEASUREMENT, config_identity, differing_keys
 
 #: record fields a selector may name without a dot (`attn=gpa`); anything else is a dotted identity key
 SHORT_KEYS = ("task", "attn", "selector", "protocol", "seed", "rank_budget")
@@ -125,6 +133,43 @@ class Side:
         records = self.records(task)
         return tuning_of(identity_of(records[0])) if records else None
 
+    def protocol(self, task: str) -> Protocol:
+        return protocol_of(self.records(task))
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Whether a side's runs on a task kept their protocol's values: `conformance` "on" | "off" | "unchecked"
+    (`lra_bench.leaderboard.experiments.conformance`) and the changed values `{key: {"protocol", "run"}}`."""
+
+    conformance: str
+    deviations: dict[str, dict[str, Any]]
+
+    def describe(self, skip: Sequence[str] = (), limit: int = 4) -> str:
+        """E.g. "OFF-PROTOCOL: trainer.max_steps=6 (protocol 50000), …"; "" when on protocol (or only `skip` keys,
+        a tuned side's searched keys, differ)."""
+        if self.conformance == "unchecked":
+            return "protocol conformance not recorded (an older record)"
+        keys = [k for k in self.deviations if k not in skip]
+        if self.conformance == "on" or not keys:
+            return ""
+        shown = ", ".join(
+            f"{k}={_text(self.deviations[k].get('run'))} (protocol {_text(self.deviations[k].get('protocol'))})"
+            for k in keys[:limit]
+        )
+        more = f", +{len(keys) - limit} more" if len(keys) > limit else ""
+        return f"OFF-PROTOCOL: {shown}{more}"
+
+
+def protocol_of(records: Sequence[Mapping[str, Any]]) -> Protocol:
+    """One side's conformance on a task: off when any run is off, unchecked when any is unchecked, else on."""
+    classes = {conformance(dict(r)) for r in records}
+    found = next((c for c in ("off", "unchecked", "on") if c in classes), "unchecked")
+    deviations: dict[str, dict[str, Any]] = {}
+    for record in records:
+        deviations.update(record.get("deviations") or {})
+    return Protocol(found, dict(sorted(deviations.items())))
+
 
 def _usable(record: Mapping[str, Any], include_evaluated: bool) -> str | None:
     """Why a record is left out, or None when it is compared."""
@@ -136,6 +181,20 @@ def _usable(record: Mapping[str, Any], include_evaluated: bool) -> str | None:
     if (record.get("metrics") or {}).get("test_acc") is None:
         return "no test accuracy"
     return None
+
+
+def _check_accuracy(name: str, record: Mapping[str, Any]) -> None:
+    """Refuse a record whose test accuracy is not a number (see the module)."""
+    value = (record.get("metrics") or {}).get("test_acc")
+    try:
+        ok = math.isfinite(float(value)) and 0.0 <= float(value) <= 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise CompareError(
+            f"{name}: {record['_path']} records test_acc = {value!r}, not an accuracy in [0, 1] (its test produced no "
+            "valid number): re-test that run, or leave it out of the side"
+        )
 
 
 def collect(name: str, spec: str, search_dirs: Sequence[Path], include_evaluated: bool = False) -> Side:
@@ -162,6 +221,7 @@ def collect(name: str, spec: str, search_dirs: Sequence[Path], include_evaluated
         if reason:
             skipped[reason] += 1
             continue
+        _check_accuracy(name, record)
         picked.append(record)
     notes += [f"left out {n} run(s): {reason}" for reason, n in sorted(skipped.items())]
     if not picked:
@@ -216,7 +276,7 @@ def seed_following_keys(identities: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _check_one_experiment(name: str, spec: str, task: str, records: Sequence[Mapping[str, Any]]) -> None:
     identities = [identity_of(r) for r in records]
-    keys = differing_keys(identities, ignore=("seed", *seed_following_keys(identities)))
+    keys = differing_keys(identities, ignore=("seed", *seed_following_keys(identities), *MEASUREMENT))
     if keys:
         listed = "; ".join(f"{k} ({_values(identities, k)})" for k in keys[:6])
         more = f"; +{len(keys) - 6} more" if len(keys) > 6 else ""
@@ -240,7 +300,7 @@ def check_comparable(a: Side, b: Side, tasks: Sequence[str], allow: Sequence[str
     for task in tasks:
         ida = [identity_of(r) for r in a.records(task)]
         idb = [identity_of(r) for r in b.records(task)]
-        keys = differing_keys([*ida, *idb], ignore=(*method_prefixes(a, b, task), *allow))
+        keys = differing_keys([*ida, *idb], ignore=(*method_prefixes(a, b, task), *MEASUREMENT, *allow))
         if keys:
             listed = ", ".join(f"{k} ({a.name} {_values(ida, k)}; {b.name} {_values(idb, k)})" for k in keys[:6])
             more = f", +{len(keys) - 6} more" if len(keys) > 6 else ""
@@ -252,6 +312,6 @@ def check_comparable(a: Side, b: Side, tasks: Sequence[str], allow: Sequence[str
     if problems:
         raise CompareError(
             f"{a.name} and {b.name} differ in more than the method and seed — {' | '.join(problems)} — only attn.*, "
-            "selector.* and seed may differ (two tuned sides: also their tuned values, with the same budget and "
-            "space); --allow-differ KEY accepts a difference knowingly"
+            "selector.* and seed may differ (and measurement settings such as diagnostics.*; two tuned sides: also "
+            "their tuned values, with the same budget and space); --allow-differ KEY accepts a difference knowingly"
         )

@@ -8,15 +8,23 @@ command line the way Hydra does, composes the same overrides through `lra_bench.
 torch), and checks the paths the run will write. A multirun's jobs are composed and validated by the sweeper
 (`hydra_plugins.lra_bench_sweeper`), before any is launched; here only its common part is composed.
 `--help`, `--hydra-help`, `--info`, shell completion and other config dirs are left to Hydra.
+
+A key added with `+` goes where no schema looks: Hydra suggests `+trainer.max_step=5` for a misspelt key, and the run
+then generated its data for minutes before `pl.Trainer` refused the argument. So a `+` (or `++`) key under a node the
+config already has is refused with a "did you mean" unless it is one of the open places where the tree takes new
+keys (`check_added_keys`); a new top-level key (`+fault.step_sleep_s=…`) and Hydra's own config are left alone.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -31,6 +39,63 @@ def bad_input(message: str) -> NoReturn:
     """The project's answer to bad input: one line on stderr, exit 2, nothing written."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+@functools.cache
+def trainer_arguments() -> frozenset[str]:
+    """The keyword arguments of `pl.Trainer` (`trainer:` is passed through to it)."""
+    import pytorch_lightning as pl
+
+    return frozenset(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+
+
+def _suggestion(key: str, candidates: Any) -> str:
+    close = difflib.get_close_matches(key, sorted(map(str, candidates)), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def added_key_problem(tree: dict[str, Any], key: str) -> str | None:
+    """Why `+key` would add nothing the harness reads (None when it is fine), `tree` the config without the `+` keys.
+
+    Open places: a new top-level key (`+fault.…`) and Hydra's own config; a new callback node under `callbacks`
+    (a `_target_` node: `validate.callback_nodes` checks it) and the arguments of any `_target_` node;
+    `spt.pretrain.<key>`, which overrides the run's own `<key>` for the pretraining stage (checked as that key);
+    `trainer.<argument>` for any `pl.Trainer` argument. Anywhere else a missing key is a typo or a knob that
+    does not exist.
+    """
+    parts = key.split(".")
+    if parts[:2] == ["spt", "pretrain"] and len(parts) > 2:
+        return added_key_problem(tree, ".".join(parts[2:]))
+    node: Any = tree
+    depth = 0
+    while depth < len(parts) and isinstance(node, dict) and parts[depth] in node:
+        node, depth = node[parts[depth]], depth + 1
+    if depth == len(parts) or depth == 0 or parts[0] == "hydra" or not isinstance(node, dict):
+        return None  # there already (Hydra says so), a new top-level key, Hydra's config, under a scalar (Hydra's)
+    parent, missing = ".".join(parts[:depth]), parts[depth]
+    if "_target_" in node or (parent == "callbacks" and depth + 1 < len(parts)):
+        return None
+    if parent == "trainer":
+        if missing in trainer_arguments():
+            return None
+        hint = _suggestion(missing, {*node, *trainer_arguments()})
+        return f"{missing} is neither a key of trainer nor an argument of pl.Trainer{hint}"
+    hint = _suggestion(missing, node) or f" (it has: {', '.join(sorted(map(str, node)))})"
+    return f"{parent} has no key {missing}{hint}"
+
+
+def check_added_keys(overrides: Sequence[Any], config_name: str) -> None:
+    """Each `+key=…` / `++key=…` of the command line (sweeps included) against the config composed without them."""
+    added = [o for o in overrides if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and not o.package]
+    if not added:
+        return
+    rest = [o.input_line for o in overrides if o not in added and not o.is_sweep_override()]
+    tree = OmegaConf.to_container(compose_config(rest, config_name=config_name), resolve=False)
+    assert isinstance(tree, dict)
+    for o in added:
+        problem = added_key_problem(tree, str(o.key_or_group))
+        if problem is not None:
+            raise ConfigError(f"{o.input_line}: {problem}")
 
 
 def preflight(
@@ -73,6 +138,7 @@ def preflight(
             compose_config(list(args.overrides), config_name=name)  # Hydra's own "add --multirun" message
         if args.cfg:
             return  # only printing the config: nothing is written
+        check_added_keys(parsed, name)
         HydraConfig.instance().set_config(cfg)
         if multirun:
             check_dir_path("hydra.sweep.dir", str(cfg.hydra.sweep.dir))

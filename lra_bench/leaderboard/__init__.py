@@ -2,9 +2,10 @@
 
 `python -m lra_bench.leaderboard DIR...` (see `build`). Modules: `aggregate` (records → rows: the numbers),
 `uncertainty` (CI and tie-aware rank columns), `render` (rows → markdown/CSV/PNG), `pareto` (the
-speed–accuracy–memory bubble charts), `wandb_log` (the leaderboard as a W&B run), `published` (papers' tables,
-`published.json`), `sweep_callback` (the Hydra callback that builds the table at the end of every multirun). Kept
-light at import: Hydra instantiates the sweep callback in every process, so heavy modules load only when used.
+speed–accuracy–memory bubble charts), `reproduced` (does a published number reproduce), `wandb_log` (the
+leaderboard as a W&B run), `published` (papers' tables, `published.json`), `sweep_callback` (the Hydra callback
+that builds the table at the end of every multirun). Kept light at import: Hydra instantiates the sweep callback in
+every process, so heavy modules load only when used.
 """
 
 from __future__ import annotations

@@ -230,6 +230,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "deviations": ",".join(sorted({k for r in runs for k in experiments.deviation_keys(r)})),
                 "_identity": experiments.identity_of(runs[0]),
                 "n": len(test),
+                "test_accs": test,  # per seed, in seed order: what a reproduction verdict needs
                 "n_runs": len(runs),
                 "seeds": ",".join(str(r.get("seed")) for r in runs),
                 "test_acc_mean": test_mean,
@@ -278,37 +279,57 @@ def _averages(cells: dict[str, float | None]) -> tuple[float | None, float | Non
     return avg5, avg6, counted_as_fail
 
 
+def _wide_key(row: dict[str, Any], methods: dict[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, ...]:
+    """The wide row `row` joins: its `WIDE_KEYS`, or — when that row already holds another experiment of this task
+    (two experiments whose labels clash) — one of its own, so an experiment is never overwritten."""
+    key = _group_key(row, WIDE_KEYS)
+    taken = methods.get(key, {}).get("fingerprints", {}).get(row["task"])
+    return key if taken in (None, row.get("fingerprint")) else (*key, row.get("fingerprint"))
+
+
 def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per method, conformance class and variant (`WIDE_KEYS`); columns = tasks; our rows only. A task
-    cell is one experiment's row (`group_rows`), so a wide row never pools two experiments of one task."""
+    cell is one experiment's row (`group_rows`), so a wide row never pools two experiments of one task; its
+    `task_fingerprints` say which (the Pareto average and the reproduction verdicts read its tasks through them)."""
     methods: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in list(rows) + list(failures):
-        key = _group_key(row, WIDE_KEYS)
-        methods.setdefault(key, {"cells": {}, "std": {}, "n": {}, "failed": set(), "deviations": set()})
+
+    def entry_of(key: tuple[Any, ...]) -> dict[str, Any]:
+        return methods.setdefault(
+            key,
+            {"cells": {}, "std": {}, "n": {}, "accs": {}, "fingerprints": {}, "failed": set(), "deviations": set()},
+        )
+
     for row in rows:
-        entry = methods[_group_key(row, WIDE_KEYS)]
+        entry = entry_of(_wide_key(row, methods))
         entry["deviations"].update(filter(None, str(row.get("deviations") or "").split(",")))
+        entry["fingerprints"][row["task"]] = row.get("fingerprint")
+        entry["full"] = row.get("variant_full") or ""
         if row["test_acc_mean"] is not None:
             entry["cells"][row["task"]] = row["test_acc_mean"]
             entry["std"][row["task"]] = row["test_acc_std"]
             entry["n"][row["task"]] = row["n"]
+            entry["accs"][row["task"]] = list(row.get("test_accs") or [])
     for fail in failures:
-        methods[_group_key(fail, WIDE_KEYS)]["failed"].add(fail["task"])
+        entry_of(_group_key(fail, WIDE_KEYS))["failed"].add(fail["task"])
     out = []
     for key in sorted(methods, key=lambda k: tuple(str(x) for x in k)):
         entry = methods[key]
         avg5, avg6, pathx_as_fail = _averages(entry["cells"])
+        tag = f" ⟨{key[len(WIDE_KEYS)]}⟩" if len(key) > len(WIDE_KEYS) else ""  # a clash split off: its fingerprint
         out.append(
             {
                 "kind": "ours",
                 "source": "ours",
                 **dict(zip(WIDE_KEYS, key)),
+                "variant_full": entry.get("full", ""),
                 "off_protocol": {"on": False, "off": True}.get(key[5]),
                 "deviations": ",".join(sorted(entry["deviations"])),
-                "method": method_label(key[1], key[2], key[3], key[6], key[4]),
+                "method": method_label(key[1], key[2], key[3], key[6], key[4]) + tag,
                 **{t: entry["cells"].get(t) for t in TASKS},
                 **{f"{t}_std": entry["std"].get(t) for t in TASKS},
                 **{f"{t}_n": entry["n"].get(t) for t in TASKS},
+                "task_fingerprints": dict(entry["fingerprints"]),
+                "task_accuracies": dict(entry["accs"]),
                 # A task with no completed run but a failed/unfinished one shows as ✗, not as blank.
                 "failed_tasks": ",".join(t for t in TASKS if t in entry["failed"] and t not in entry["cells"]),
                 "avg5": avg5,

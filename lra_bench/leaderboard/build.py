@@ -2,7 +2,8 @@
 
 Reads only result records, so it works offline, on any cluster filesystem, and on a sweep that
 is still running. Writes `leaderboard.md`, `leaderboard.csv` (one row per group), `leaderboard_wide.csv`
-(one row per method, ours and published), `leaderboard_<task>.png` and the speed–accuracy–memory bubble
+(one row per method, ours and published), `leaderboard_reproduced.csv` (does each published number reproduce:
+`reproduced`), `leaderboard_<task>.png` and the speed–accuracy–memory bubble
 charts `leaderboard_pareto_<protocol>_<task|avg5>.png` (`pareto`); `--wandb` also logs them to a W&B run
 (`wandb_log`). `build_leaderboard` is the same thing as a function, for a Hydra `on_multirun_end` callback.
 """
@@ -14,18 +15,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lra_bench.leaderboard import aggregate as data
-from lra_bench.leaderboard import pareto, uncertainty, wandb_log
+from lra_bench.leaderboard import pareto, reproduced, uncertainty, wandb_log
 from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
 from lra_bench.leaderboard.wandb_log import log_to_wandb
 
 MARKDOWN, CSV, WIDE_CSV = "leaderboard.md", "leaderboard.csv", "leaderboard_wide.csv"
+REPRODUCED_CSV = "leaderboard_reproduced.csv"
 
 
 def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = None, plots: bool = True) -> dict:
     """Collect, aggregate and write every output; return their paths and the rows.
 
-    Returns a dict with `markdown`, `csv`, `wide_csv` (paths), `plots` (paths, the Pareto charts included),
+    Returns a dict with `markdown`, `csv`, `wide_csv`, `reproduced_csv` (paths), `reproductions` (one verdict per
+    published number and matching on-protocol row of ours), `plots` (paths, the Pareto charts included),
     `pareto` (`pareto.Chart`s), `rows` (one per group), `wide` (one per method, ours), `published` (published
     rows, same shape), `published_sources`, `failures`, `unreadable`, `superseded`, `evaluations` (evaluated
     checkpoints, never rows), `n_files`, `dirs` and `wandb`
@@ -46,6 +49,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     uncertainty.add_uncertainty(rows, wide)  # CI and tie-aware rank columns
     sources, published_rows = load_published()
     published = data.published_wide_rows(published_rows)
+    verdicts = reproduced.reproductions(wide, published)
 
     plot_paths: list[Path] = []
     if plots:
@@ -71,14 +75,18 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
             plot_paths,
             sections,
             evaluations,
+            verdicts,
         )
     )
     csv_path = render.write_csv(out / CSV, rows, render.GROUP_COLUMNS)
     wide_path = render.write_csv(out / WIDE_CSV, [*wide, *published], render.WIDE_COLUMNS)
+    reproduced_path = render.write_csv(out / REPRODUCED_CSV, verdicts, reproduced.COLUMNS)
     return {
         "markdown": md_path,
         "csv": csv_path,
         "wide_csv": wide_path,
+        "reproduced_csv": reproduced_path,
+        "reproductions": verdicts,
         "plots": [*plot_paths, *(c.path for c in charts if c.path is not None)],
         "pareto": charts,
         "dirs": [str(d) for d in dirs],
@@ -131,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['n_files']} results.json: {len(result['rows'])} groups, {len(result['failures'])} failed or "
         f"unfinished, {len(result['unreadable'])} unreadable"
     )
-    for name in ("markdown", "csv", "wide_csv"):
+    for name in ("markdown", "csv", "wide_csv", "reproduced_csv"):
         print(f"  {result[name]}")
     for plot in result["plots"]:
         print(f"  {plot}")

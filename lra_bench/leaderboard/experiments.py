@@ -3,7 +3,10 @@
 * A row is one `fingerprint(seed_free(identity))`: runs that differ only in their seed. Runs that differ in anything
   else (4 steps vs 20, an lr sweep, another data source) are separate rows.
 * Rows of one cell (protocol, task, attn, selector, landmarks) and one conformance class are labelled by the keys
-  they differ in (`variant`, e.g. `optim.lr=0.001`), so two rows of a cell never look alike.
+  they differ in (`variant`, e.g. `optim.lr=0.001`), so two rows of a cell never look alike. A label names at most
+  `LABEL_KEYS` keys; a longer one ends in a legend tag (`⟨v-1a2b3c⟩`) whose full list of keys is `variant_full`,
+  because two experiments that agree on the first keys shown would otherwise share a label and one of them would
+  vanish from every table keyed by it. The tag hashes the full list, so the same variant on two tasks keeps one tag.
 * Conformance (`lra_bench.record.conformance`): `on` (checked, no protocol value changed), `off` (the record lists
   the changed keys in `deviations`) or `unchecked` (a record from before the check, or one that failed before it).
   Only `on` rows are shown beside the published numbers.
@@ -15,12 +18,18 @@ attn, selector, protocol, landmarks, seed and their resolved config), so they st
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from lra_bench.record.identity import config_identity, describe, differing_keys, fingerprint, seed_free
 
 CONFORMANCE = ("on", "off", "unchecked")
+#: the mark on every row, label and point of ours that is not known to follow its protocol (tables, plots)
+MARKS = {"off": " ⚠ off-protocol", "unchecked": " ⚠ protocol unchecked", "on": "", "published": ""}
+#: how many differing keys a variant label names before it defers to its legend tag
+LABEL_KEYS = 6
 
 
 def identity_of(record: dict[str, Any]) -> dict[str, Any]:
@@ -48,23 +57,41 @@ def deviation_keys(record: dict[str, Any]) -> list[str]:
     return sorted(record.get("deviations") or {})
 
 
-def variant_labels(groups: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """`{group fingerprint: "key=value, …"}` for groups that share a cell and a conformance class, naming only the
-    keys in which they differ ("" when a group is alone)."""
+def mark(conformance_class: Any) -> str:
+    """` ⚠ off-protocol` / ` ⚠ protocol unchecked` / "" — appended to a label wherever a row is shown."""
+    return MARKS.get(str(conformance_class), MARKS["unchecked"])
+
+
+def _legend_tag(full: str) -> str:
+    return "v-" + hashlib.sha256(full.encode()).hexdigest()[:6]
+
+
+def variant_labels(groups: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """`{group fingerprint: (label, full)}` for groups that share a cell and a conformance class. `full` names every
+    key in which they differ ("" when a group is alone); `label` is `full` when it names at most `LABEL_KEYS` keys,
+    else the first keys and a legend tag. Labels are unique within the cell (a clash, should one remain, gets the
+    fingerprint), so no table keyed by them can merge two experiments."""
     if len(groups) < 2:
-        return dict.fromkeys(groups, "")
+        return {fp: ("", "") for fp in groups}
     views = {fp: seed_free(identity) for fp, identity in groups.items()}
     keys = differing_keys(views.values())
-    return {fp: describe(view, keys) for fp, view in views.items()}
+    out = {}
+    for fp, view in views.items():
+        full = describe(view, keys, limit=len(keys))
+        label = full if len(keys) <= LABEL_KEYS else f"{describe(view, keys, LABEL_KEYS)} ⟨{_legend_tag(full)}⟩"
+        out[fp] = (label, full)
+    counts = Counter(label for label, _ in out.values())
+    return {fp: (f"{label} ⟨{fp[:8]}⟩" if counts[label] > 1 else label, full) for fp, (label, full) in out.items()}
 
 
 def label_rows(rows: Sequence[dict[str, Any]], cell_keys: Sequence[str]) -> None:
-    """Set `variant` on every row (in place) from its cell mates' identities (`row["_identity"]`)."""
+    """Set `variant` (unique label) and `variant_full` (every differing key) on every row, in place, from its cell
+    mates' identities (`row["_identity"]`)."""
     classes: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     for row in rows:
         key = (*(row.get(k) for k in cell_keys), row["conformance"])
         classes.setdefault(key, {})[row["fingerprint"]] = row["_identity"]
-    labels: dict[tuple[Any, ...], dict[str, str]] = {key: variant_labels(g) for key, g in classes.items()}
+    labels = {key: variant_labels(g) for key, g in classes.items()}
     for row in rows:
         key = (*(row.get(k) for k in cell_keys), row["conformance"])
-        row["variant"] = labels[key][row["fingerprint"]]
+        row["variant"], row["variant_full"] = labels[key][row["fingerprint"]]

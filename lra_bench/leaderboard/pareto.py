@@ -2,14 +2,18 @@
 
 * x: training speed relative to full attention at the same protocol, task, sequence length and device — full
   attention's median step time over this method's (> 1 = faster). Log scale: 2× faster sits as far right of 1 as
-  2× slower sits left of it.
+  2× slower sits left of it. The reference is the one on-protocol, from-scratch `full` row of that key: an
+  off-protocol `full` (bf16, more steps) runs at another speed, and taking whichever `full` row came last would move
+  every point. No such row, or several (variants), and the row gets no ratio and is not drawn; a note says why.
 * y: test accuracy on one task, or the LRA 5-task average (`avg5`) for methods with all five tasks; for the average,
   x is the geometric mean of the five tasks' relative speeds.
 * bubble area ∝ peak memory (MiB on a task chart; relative to full attention, geometric mean over tasks, on the
   average chart). On CPU runs peak memory is the process's peak RSS (see `lra_bench.run.efficiency`).
-* The Pareto frontier — methods no other method beats on both speed and accuracy — is drawn and listed.
-
-A method without a full-attention run to compare with (same key) has no x and is left out, with a note.
+* The Pareto frontier — methods no other method beats on both speed and accuracy — is drawn and listed, among the
+  on-protocol points only: an off-protocol or unchecked point is drawn (hollow, its label marked ⚠ and naming its
+  variant) but is neither on the frontier nor allowed to push an on-protocol point off it.
+* The average chart takes each method row's own task rows (`task_fingerprints`: same conformance and variant),
+  never another experiment's of the same method.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lra_bench.leaderboard.aggregate import METHOD_KEYS, method_label
+from lra_bench.leaderboard import experiments
+from lra_bench.leaderboard.aggregate import method_label
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 
 REFERENCE = "full"
 REFERENCE_KEYS = ("protocol", "task", "seq_len", "device")
 BUBBLE = 2000.0  # marker area (points²) of the largest memory
+AVERAGE_TITLE = "LRA 5-task average (Path-X not counted)"
+#: the on-protocol `full` rows of each (protocol, task, length, device): exactly one is the speed reference
+References = dict[tuple[Any, ...], list[dict[str, Any]]]
 
 
 @dataclass
@@ -39,6 +47,7 @@ class Point:
     memory: float  # MiB (task chart) or relative to full attention (average chart)
     ci: tuple[float, float] | None = None
     on_frontier: bool = False
+    comparable: bool = True  # on-protocol: may be on the frontier
 
 
 @dataclass
@@ -51,7 +60,7 @@ class Chart:
 
     @property
     def title(self) -> str:
-        what = "LRA 5-task average" if self.target == "avg5" else TASK_LABELS.get(self.target, self.target)
+        what = AVERAGE_TITLE if self.target == "avg5" else TASK_LABELS.get(self.target, self.target)
         return f"{what} [{self.protocol}]: accuracy, speed and memory"
 
     @property
@@ -60,14 +69,16 @@ class Chart:
 
 
 def mark_frontier(points: Sequence[Point]) -> None:
-    """A point is on the frontier when no other point is at least as fast and as accurate, and better in one."""
+    """A comparable point is on the frontier when no other comparable point is at least as fast and as accurate,
+    and better in one; a point that is not comparable (off-protocol, unchecked) never is, and never beats one."""
+    comparable = [p for p in points if p.comparable]
     for p in points:
-        p.on_frontier = not any(
+        p.on_frontier = p.comparable and not any(
             q is not p
             and q.speed >= p.speed
             and q.accuracy >= p.accuracy
             and (q.speed > p.speed or q.accuracy > p.accuracy)
-            for q in points
+            for q in comparable
         )
 
 
@@ -75,19 +86,33 @@ def _key(row: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
     return tuple(row.get(k) for k in keys)
 
 
-def _references(rows: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
-    return {
-        _key(r, REFERENCE_KEYS): r
-        for r in rows
-        if r.get("attn") == REFERENCE and r.get("seq_len") is not None and r.get("step_time_median_ms")
-    }
+def _references(rows: Sequence[dict[str, Any]]) -> References:
+    """Every on-protocol, from-scratch `full` row with a step time, by (protocol, task, length, device): the
+    candidates for the speed reference (exactly one is needed)."""
+    refs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if (
+            r.get("attn") == REFERENCE
+            and r.get("conformance") == "on"
+            and r.get("pretraining") in (None, "none")
+            and r.get("seq_len") is not None
+            and r.get("step_time_median_ms")
+        ):
+            refs.setdefault(_key(r, REFERENCE_KEYS), []).append(r)
+    return refs
 
 
-def _relative(row: dict[str, Any], refs: dict[tuple[Any, ...], dict[str, Any]]) -> tuple[float, float | None] | None:
-    """(speed, memory) of a group row relative to its full-attention reference, or None without one."""
-    ref = refs.get(_key(row, REFERENCE_KEYS)) if row.get("seq_len") is not None else None
-    if ref is None or not row.get("step_time_median_ms"):
-        return None
+def _relative(row: dict[str, Any], refs: References) -> tuple[float, float | None] | str:
+    """(speed, memory) of a group row relative to its full-attention reference, or why there is none."""
+    if row.get("seq_len") is None or not row.get("step_time_median_ms"):
+        return "no sequence length or step time recorded"
+    found = refs.get(_key(row, REFERENCE_KEYS), [])
+    if not found:
+        return "no on-protocol full-attention run with the same protocol, task, sequence length and device"
+    if len(found) > 1:
+        variants = "; ".join(r.get("variant") or "—" for r in found)
+        return f"several on-protocol full-attention runs with the same key ({variants}): no single reference"
+    ref = found[0]
     speed = ref["step_time_median_ms"] / row["step_time_median_ms"]
     mem = row.get("peak_memory_mib")
     ref_mem = ref.get("peak_memory_mib")
@@ -95,7 +120,11 @@ def _relative(row: dict[str, Any], refs: dict[tuple[Any, ...], dict[str, Any]]) 
 
 
 def _label(row: dict[str, Any]) -> str:
-    return method_label(row.get("attn"), row.get("selector"), row.get("rank_budget"))
+    """The method, its variant and pretraining, and ⚠ when it is not known to follow its protocol."""
+    label = method_label(
+        row.get("attn"), row.get("selector"), row.get("rank_budget"), row.get("variant") or "", row.get("pretraining")
+    )
+    return label + experiments.mark(row.get("conformance"))
 
 
 def task_charts(rows: Sequence[dict[str, Any]], notes: list[str]) -> list[Chart]:
@@ -106,15 +135,15 @@ def task_charts(rows: Sequence[dict[str, Any]], notes: list[str]) -> list[Chart]
             continue
         rel = _relative(row, refs)
         key = (str(row.get("protocol")), str(row.get("task")))
-        if rel is None or row.get("peak_memory_mib") is None:
-            notes.append(
-                f"{_label(row)} on {key[1]} [{key[0]}]: left out of the chart (no full-attention run with the same "
-                "task, sequence length and device, or no step time / peak memory)"
-            )
+        if isinstance(rel, str) or row.get("peak_memory_mib") is None:
+            why = rel if isinstance(rel, str) else "no peak memory recorded"
+            notes.append(f"{_label(row)} on {key[1]} [{key[0]}]: left out of the chart, no speed ratio drawn ({why})")
             continue
         ci = (row["test_acc_ci_low"], row["test_acc_ci_high"]) if row.get("test_acc_ci_low") is not None else None
         chart = charts.setdefault(key, Chart(key[0], key[1], [], "peak memory (MiB)"))
-        chart.points.append(Point(_label(row), key[0], rel[0], row["test_acc_mean"], row["peak_memory_mib"], ci))
+        point = Point(_label(row), key[0], rel[0], row["test_acc_mean"], row["peak_memory_mib"], ci)
+        point.comparable = row.get("conformance") == "on"
+        chart.points.append(point)
     return [charts[k] for k in sorted(charts, key=lambda k: (k[0], TASKS.index(k[1]) if k[1] in TASKS else 99))]
 
 
@@ -125,22 +154,24 @@ def _geo(values: Sequence[float]) -> float:
 def average_charts(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]]) -> list[Chart]:
     """Methods with an LRA 5-task average and a full-attention reference on each of the five tasks."""
     refs = _references(rows)
-    by_method: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
-    for row in rows:
-        by_method.setdefault(_key(row, METHOD_KEYS), {})[row["task"]] = row
+    by_fingerprint = {row.get("fingerprint"): row for row in rows}
     charts: dict[str, Chart] = {}
     for method in wide:
         if method.get("kind") != "ours" or method.get("avg5") is None:
             continue
-        tasks = by_method.get(_key(method, METHOD_KEYS), {})
+        own = method.get("task_fingerprints") or {}
+        tasks = {t: by_fingerprint[own[t]] for t in FIVE_TASKS if own.get(t) in by_fingerprint}
         rel = [_relative(tasks[t], refs) if t in tasks else None for t in FIVE_TASKS]
-        if any(r is None or r[1] is None for r in rel):
+        if any(r is None or isinstance(r, str) or r[1] is None for r in rel):
             continue
         protocol = str(method.get("protocol"))
         ci = (method["avg5_ci_low"], method["avg5_ci_high"]) if method.get("avg5_ci_low") is not None else None
         chart = charts.setdefault(protocol, Chart(protocol, "avg5", [], "peak memory relative to full attention"))
         speed, memory = _geo([r[0] for r in rel]), _geo([r[1] for r in rel])  # type: ignore[index,misc]
-        chart.points.append(Point(method["method"], protocol, speed, method["avg5"], memory, ci))
+        label = method["method"] + experiments.mark(method.get("conformance"))
+        point = Point(label, protocol, speed, method["avg5"], memory, ci)
+        point.comparable = method.get("conformance") == "on"
+        chart.points.append(point)
     return [charts[k] for k in sorted(charts)]
 
 
@@ -158,7 +189,8 @@ def plot(chart: Chart, path: Path) -> Path:
     for i, p in enumerate(points):
         color = f"C{i % 10}"
         ax.scatter([p.speed], [p.accuracy], s=BUBBLE * p.memory / biggest, color=color, alpha=0.45,
-                   edgecolors="black", linewidths=0.8, zorder=2)  # fmt: skip
+                   edgecolors="black", linewidths=0.8, zorder=2,
+                   **({} if p.comparable else {"facecolors": "none", "linestyles": "--"}))  # fmt: skip
         if p.ci is not None:
             ax.errorbar([p.speed], [p.accuracy], yerr=[[p.accuracy - p.ci[0]], [p.ci[1] - p.accuracy]],
                         fmt="none", ecolor=color, capsize=3, linewidth=1, zorder=3)  # fmt: skip
@@ -183,7 +215,7 @@ def plot(chart: Chart, path: Path) -> Path:
     accs = [v for p in chart.points for v in (*(p.ci or ()), p.accuracy)]
     pad = max(1.0, 0.12 * (max(accs) - min(accs)))
     ax.set_ylim(min(accs) - pad, max(accs) + pad)
-    ax.set_xlabel("training speed relative to full attention (full's median step time / the method's)")
+    ax.set_xlabel("training speed relative to on-protocol full attention (its median step time / the method's)")
     ax.set_ylabel("LRA 5-task average test accuracy (%)" if chart.target == "avg5" else "test accuracy (%)")
     digits = 2 if chart.target == "avg5" else 0
     for fraction in (0.25, 0.5, 1.0):  # size key: area ∝ memory from 0, so half the area = half the memory
@@ -222,9 +254,12 @@ def pareto_section(charts: Sequence[Chart], notes: Sequence[str]) -> list[str]:
     out = [
         "## Speed, accuracy and memory (the LRA paper's Figure 3)",
         "",
-        "x: training speed relative to full attention at the same task, sequence length and device (median step "
-        "times; > 1 = faster); y: test accuracy; bubble area ∝ peak memory. ★ = on the Pareto frontier (no other "
-        "method is both at least as fast and at least as accurate).",
+        "x: training speed relative to the on-protocol full-attention run of the same protocol, task, sequence "
+        "length and device (median step times; > 1 = faster); a row without exactly one such run gets no ratio and "
+        "is listed below the charts. y: test accuracy; on the average chart the LRA 5-task average (ListOps, Text, "
+        "Retrieval, Image, Pathfinder; Path-X not counted). Bubble area ∝ peak memory. ★ = on the Pareto frontier, "
+        "taken among on-protocol points only (no other on-protocol method is both at least as fast and at least as "
+        "accurate); ⚠ points (off-protocol or unchecked, hollow in the charts) are shown but never on it.",
         "",
     ]
     for chart in charts:

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lra_bench.leaderboard import uncertainty
+from lra_bench.leaderboard import experiments, uncertainty
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
 
-#: what sets an experiment apart within one method's cell (group and wide rows alike)
-EXPERIMENT_COLUMNS = ("rank_budget", "variant", "conformance", "off_protocol", "deviations")
+#: what sets an experiment apart within one method's cell (group and wide rows alike); `variant_full` is the legend
+EXPERIMENT_COLUMNS = ("rank_budget", "variant", "variant_full", "conformance", "off_protocol", "deviations")
 GROUP_COLUMNS = (
     "protocol",
     "task",
@@ -63,8 +63,8 @@ CONVENTIONS = (
     f"convention). **{AVG6_LABEL}** = mean over all six tasks with Path-X failed or not run counted as 50 "
     "(S4/Mega convention). Both only when all five other tasks have a result. (n=…) = seeds."
 )
-#: the mark on every row of ours that is not known to follow its protocol (markdown; CSV: `off_protocol`)
-MARKS = {"off": " ⚠ off-protocol", "unchecked": " ⚠ protocol unchecked", "on": "", "published": ""}
+#: the mark on every row of ours that is not known to follow its protocol (markdown, plots; CSV: `conformance`)
+MARKS = experiments.MARKS
 NOT_COMPARABLE = (
     "Runs that changed a value of their protocol (`⚠ off-protocol`: the changed keys are listed) or whose records "
     "predate that check (`⚠ protocol unchecked`). Not comparable with the published rows above."
@@ -137,9 +137,11 @@ def render_markdown(
     plots: Sequence[Path],
     sections: Sequence[str] = (),
     evaluations: Sequence[dict[str, Any]] = (),
+    reproductions: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The whole `leaderboard.md`: summary by protocol, `sections` (markdown lines: uncertainty, Pareto), published
-    rows, groups, failures, bad files."""
+    """The whole `leaderboard.md`: summary by protocol (with `reproductions`, `reproduced.reproductions`' verdicts,
+    beside each protocol's published rows), `sections` (markdown lines: uncertainty, Pareto), published rows,
+    groups, failures, bad files."""
     out = [
         "# LRA leaderboard",
         "",
@@ -161,6 +163,7 @@ def render_markdown(
         apart = [r for r in wide if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
         beside = [r for r in published if str(r["protocol"]) == protocol]
         out += [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
+        out += reproduction_block(protocol, reproductions)
         if apart:  # never beside a published row without its mark: in a table of their own
             out += [f"#### protocol: {protocol} — not comparable", "", NOT_COMPARABLE, ""]
             out += [*_wide_table(apart, deviations=True), ""]
@@ -229,7 +232,7 @@ def render_markdown(
         ]
         for r in rows
     ]
-    out += [*(_md_table(header, body) if body else ["(no completed runs)"]), ""]
+    out += [*(_md_table(header, body) if body else ["(no completed runs)"]), *variant_legend(rows), ""]
 
     out += [f"## Failed or unfinished runs ({len(failures)})", ""]
     if failures:
@@ -320,11 +323,27 @@ def _interval_cell(row: dict[str, Any], key: str, rank_key: str) -> str:
     lo, hi = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
     if lo is None:
         return f"{mean:.2f} (n=1)" if row.get(f"{key}_n") == 1 else f"{mean:.2f}"
-    return f"{mean:.2f} [{lo:.2f}, {hi:.2f}] #{row.get(rank_key)}"
+    rank = row.get(rank_key)
+    return f"{mean:.2f} [{lo:.2f}, {hi:.2f}]" + (f" #{rank}" if rank is not None else "")
+
+
+def _interval_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    header = ["method", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+    body = [
+        [
+            r["method"] + experiments.mark(r.get("conformance")),
+            *(_interval_cell(r, t, f"{t}_rank") for t in TASKS),
+            _interval_cell(r, "avg5", "rank_avg5"),
+            _interval_cell(r, "avg6", "rank_avg6"),
+        ]
+        for r in rows
+    ]
+    return _md_table(header, body)
 
 
 def uncertainty_section(wide: Sequence[dict[str, Any]]) -> list[str]:
-    """Our methods per protocol: every task and both averages as mean [95% CI] #rank (ties share a rank)."""
+    """Our methods per protocol: every task and both averages as mean [95% CI] #rank (ties share a rank). Ranks
+    only among the protocol's on-protocol rows; the others follow in a table of their own, marked and unranked."""
     ours = [r for r in wide if r.get("kind") == "ours"]
     if not ours:
         return []
@@ -334,20 +353,70 @@ def uncertainty_section(wide: Sequence[dict[str, Any]]) -> list[str]:
         "Each cell: mean test accuracy [95% confidence interval] #rank. The interval is Student-t over the seeds "
         "(n ≥ 2; one seed has none); an average's interval combines its tasks' seed spreads (Welch–Satterthwaite), "
         f"and a Path-X counted as 50 in {AVG6_LABEL} adds none. Rank = 1 + the number of methods whose interval lies "
-        "wholly above this one's, so methods whose intervals overlap are tied.",
+        "wholly above this one's, so methods whose intervals overlap are tied. Ranks are among the on-protocol rows "
+        "of one protocol (and task) only; off-protocol (⚠) and unchecked rows are listed apart and never ranked.",
+        "",
+        CONVENTIONS,
         "",
     ]
     for protocol in sorted({str(r["protocol"]) for r in ours}):
-        header = ["method", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
-        body = [
-            [
-                r["method"],
-                *(_interval_cell(r, t, f"{t}_rank") for t in TASKS),
-                _interval_cell(r, "avg5", "rank_avg5"),
-                _interval_cell(r, "avg6", "rank_avg6"),
-            ]
-            for r in ours
-            if str(r["protocol"]) == protocol
-        ]
-        out += [f"### protocol: {protocol}", "", *_md_table(header, body), ""]
+        mine = [r for r in ours if str(r["protocol"]) == protocol]
+        ranked = [r for r in mine if r.get("conformance") == uncertainty.RANKED]
+        apart = [r for r in mine if r.get("conformance") != uncertainty.RANKED]
+        out += [f"### protocol: {protocol}", ""]
+        out += [*_interval_table(ranked), ""] if ranked else ["(no on-protocol rows: nothing ranked)", ""]
+        if apart:
+            out += [f"#### protocol: {protocol} — not ranked (not known to follow the protocol)", ""]
+            out += [*_interval_table(apart), ""]
     return out
+
+
+def _reproduction_table(entries: Sequence[dict[str, Any]]) -> list[str]:
+    header = ["published", "task / average", "published value", "ours (on-protocol)", "ours: mean [95% CI] (n)",
+              "reproduced?"]  # fmt: skip
+    body = []
+    for e in entries:
+        ci = f" [{e['ci_low']:.2f}, {e['ci_high']:.2f}]" if e.get("ci_low") is not None else ""
+        target = {"avg5": AVG5_LABEL, "avg6": AVG6_LABEL}.get(e["target"], TASK_LABELS.get(e["target"], e["target"]))
+        body.append(
+            [
+                f"{e['published_method']} ({e['published_source']})",
+                target,
+                f"{e['published']:.2f}",
+                e["method"],
+                f"{e['mean']:.2f}{ci} (n={e['n']})",
+                e["verdict"],
+            ]
+        )
+    return _md_table(header, body)
+
+
+def reproduction_block(protocol: str, entries: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown beside a protocol's summary: does each published number of this protocol reproduce?"""
+    mine = [e for e in entries if e["protocol"] == protocol]
+    if not mine:
+        return []
+    return [
+        f"#### protocol: {protocol} — do our runs reproduce the published numbers?",
+        "",
+        "*reproduced*: the published value lies inside our 95% Student-t interval over seeds (≥ 2 seeds); *not "
+        "reproduced*: outside it; *1 seed: cannot tell*: one seed has no interval. Only our on-protocol runs of "
+        f"this protocol are compared. {AVG5_LABEL} = mean of the five tasks without Path-X (LRA convention); "
+        f"{AVG6_LABEL} = mean of all six with Path-X FAIL or not run = 50 (S4/Mega convention), shown only when a "
+        "real Path-X number enters it; published averages are recomputed from the published columns.",
+        "",
+        *_reproduction_table(mine),
+        "",
+    ]
+
+
+def variant_legend(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Every variant label that names only some of its differing keys, with all of them."""
+    seen: dict[str, str] = {}
+    for r in rows:
+        if r.get("variant_full") and r.get("variant") != r.get("variant_full"):
+            seen.setdefault(str(r["variant"]), str(r["variant_full"]))
+    if not seen:
+        return []
+    out = ["", "Variant legend (labels that name only their first keys; every key their experiments differ in):", ""]
+    return out + [f"- `{label}`: {full}" for label, full in sorted(seen.items())]

@@ -8,6 +8,10 @@ Added to the rows `aggregate` built (new columns only; nothing there changes):
   a Path-X counted as 50 is a constant and adds none.
 Ranks (`lra_bench.stats.summary.tie_aware_ranks`): 1 + the number of methods whose interval lies wholly above —
 so methods whose intervals overlap share a rank. Rows with one seed have no interval and no rank.
+Only on-protocol rows (`conformance == "on"`) are ranked, and only among each other within one protocol (and task):
+an off-protocol run (more steps, another precision) or an unchecked one is another experiment, and ranking it in
+would push the rows that kept the protocol down for a reason the protocol excludes. Those rows keep their interval
+and get no rank (`rank` empty in the CSVs; the tables show them apart, marked).
 """
 
 from __future__ import annotations
@@ -36,11 +40,17 @@ def _set_interval(row: dict[str, Any], prefix: str, ci: tuple[float, float] | No
     row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = ci if ci is not None else (None, None)
 
 
+RANKED = "on"  # the one conformance class that is ranked
+
+
 def _rank(rows: Sequence[dict[str, Any]], prefix: str, out_key: str, by: Sequence[str]) -> None:
-    """Tie-aware ranks of `rows` within each group of equal `by` values, from `<prefix>_ci_low/high`."""
+    """Tie-aware ranks of the on-protocol `rows` within each group of equal `by` values, from
+    `<prefix>_ci_low/high`; every other row gets rank None."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        groups[tuple(row.get(k) for k in by)].append(row)
+        row[out_key] = None
+        if row.get("conformance") == RANKED:
+            groups[tuple(row.get(k) for k in by)].append(row)
     for members in groups.values():
         intervals = [
             (r[f"{prefix}_ci_low"], r[f"{prefix}_ci_high"]) if r.get(f"{prefix}_ci_low") is not None else None

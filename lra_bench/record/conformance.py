@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lra_bench.record.identity import DATA_KEYS, config_identity, differing_keys, under
+from lra_bench.record.identity import DATA_KEYS, MEASUREMENT, config_identity, differing_keys, under
 
 #: identity prefixes a run may change and stay on its protocol (see the module docstring)
-METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", "diagnostics", *DATA_KEYS)
+METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", *MEASUREMENT, *DATA_KEYS)
 
 
 def derive_run_keys(cfg: Any) -> Any:

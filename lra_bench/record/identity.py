@@ -49,6 +49,13 @@ LOGISTICS: tuple[str, ...] = (
     "pretrained",  # where the pretraining run lies; what it is enters as `pretraining`/`pretraining_fingerprint`
 )
 
+#: dotted prefixes in the identity that never change a trained weight or a test prediction: they only measure the
+#: model (`diagnostics.*` run on a probe with no gradients and the RNG restored; see `lra_bench.diagnostics.callback`).
+#: They stay in the identity (they change what the record's `diagnostics` hold), but runs that differ only here are
+#: one experiment for every result a comparison or a leaderboard row reports (`result_view`), as they are for the
+#: protocol check (`lra_bench.record.conformance.METHOD_AND_MEASUREMENT`).
+MEASUREMENT: tuple[str, ...] = ("diagnostics",)
+
 #: the data's identity, which the config does not hold: the resolved source and the preprocessing cache key
 DATA_KEYS: tuple[str, ...] = ("data.source", "data.cache_key")
 
@@ -137,6 +144,13 @@ def seed_free(identity: Mapping[str, Any]) -> dict[str, Any]:
         for k, v in identity.items()
         if k != "seed" and not (k.endswith(".seed") and "seed" in identity and v == seed)
     }
+
+
+def result_view(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """`identity` without the `MEASUREMENT` keys: what decides the trained weights and test predictions. Two runs
+    whose result views agree are one experiment as far as accuracy and loss go (a peak memory measured over the
+    whole run may still include a diagnostics probe)."""
+    return {k: v for k, v in identity.items() if not under(k, MEASUREMENT)}
 
 
 def architecture(identity: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,9 @@ Schema (version 2) — every key is always present; unknown values are null:
     run             {name, output_dir, started_at, finished_at, wandb_id, resumed_from_step, resumed_from,
                      planned_steps, segments: [{started_at, from_step, code}]}
     metrics         {val_acc, test_acc, test_loss, test_examples, best_step, train_steps, step_time_median_s,
-                     tokens_per_s, peak_memory_mib, params, data_share}
+                     tokens_per_s, peak_memory_mib, params, data_share, timed_steps, step_time_iqr_s,
+                     load_avg_1m}      (the last three: how many steps the median is over, their interquartile
+                                        range, the mean 1-minute load average while they ran; null in older records)
     diagnostics     {"latest": {...}, "best": {...}} per layer/head quantities (see lra_bench.diagnostics.metrics)
     data            {text_length, max_length, seq_len, tokenizer_version, split, source}
     env             {git_commit, python, platform, packages{...}, hardware{...}}
@@ -66,7 +68,12 @@ METRIC_KEYS = (
     "peak_memory_mib",
     "params",
     "data_share",
+    "timed_steps",
+    "step_time_iqr_s",
+    "load_avg_1m",
 )
+#: metric keys added to schema 2 after it first shipped: null when reading a record written before them
+LATER_METRIC_KEYS = ("timed_steps", "step_time_iqr_s", "load_avg_1m")
 RUN_KEYS = (
     "name",
     "output_dir",
@@ -154,6 +161,9 @@ def read_record(path: Path) -> dict[str, Any]:
             if isinstance(record.get(section), dict):
                 for key in keys:
                     record[section].setdefault(key, None)
+    if isinstance(record.get("metrics"), dict):
+        for key in LATER_METRIC_KEYS:
+            record["metrics"].setdefault(key, None)
     return record
 
 

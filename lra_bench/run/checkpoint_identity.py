@@ -36,7 +36,9 @@ META_FORMAT = "lra-bench/checkpoint-meta/1"
 
 
 class IdentityStamp(pl.Callback):
-    """Writes the run's identity into every checkpoint and keeps the list of training segments."""
+    """Writes the run's identity into every checkpoint and keeps the list of training segments: each attempt's
+    start (`started_at`, `from_step`, `code`) and, at every checkpoint it saves, how far it got (`saved_at`,
+    `to_step`) — so the wall time that made the weights is known even for an attempt that was killed."""
 
     def __init__(self, identity: dict[str, Any], fingerprint: str, config: dict[str, Any], code: dict) -> None:
         self.identity, self.fingerprint, self.config, self.code = identity, fingerprint, config, code
@@ -56,6 +58,8 @@ class IdentityStamp(pl.Callback):
         self.segments.append({"started_at": now(), "from_step": int(trainer.global_step), "code": self.code})
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if self.segments:  # how far this attempt got, and when: a segment's wall time is saved_at − started_at
+            self.segments[-1].update(saved_at=now(), to_step=int(trainer.global_step))
         checkpoint[META_KEY] = {
             "format": META_FORMAT,
             "fingerprint": self.fingerprint,

@@ -8,18 +8,36 @@ A resumed run merges its segments: the samples (step times, data waits, tokens p
 far travel in every checkpoint (`state_dict`), so the record of a run killed and resumed summarises all the steps
 that made its weights, not only the last segment's. Each segment skips its own first `warmup` steps (a new process
 warms up again). Steps re-run after a kill are measured once: the checkpoint holds the samples up to its step.
+
+How much to trust the median travels with it: `timed_steps` (how many step times it is over), `step_time_iqr_s`
+(their spread) and `load_avg_1m` (the machine's 1-minute load average at the timed steps: a busy machine slows every
+step), all over the merged samples of every segment.
+
+Peak memory is this run's own, not the process's: under Hydra's basic launcher every job of a sweep trains in one
+process, whose lifetime peak (`ru_maxrss`, which cannot be reset) only rises in launch order. On CUDA the allocator's
+peak is reset at the start of training (`cuda_max_allocated`). On CPU the heap a previous job freed is handed back
+to the kernel (glibc `malloc_trim`: `lra_bench.runtime` keeps freed memory otherwise) and the kernel's high-water mark
+of the resident set is reset (`/proc/self/clear_refs` ← 5, Linux >= 4.0): the peak is then the highest resident set
+while this run trained (`rss_hwm_since_train_start`). Where that reset is not available the resident set is sampled
+after every step instead (`rss_sampled_at_steps`: a peak inside a step can be missed).
 """
 
 from __future__ import annotations
 
-import resource
+import os
 import statistics
-import sys
 import time
 from typing import Any
 
+import psutil
 import pytorch_lightning as pl
 import torch
+
+from lra_bench.bench.memory import CLEAR_REFS, settle, status_kib
+
+CUDA_PEAK = "cuda_max_allocated"
+RSS_HWM = "rss_hwm_since_train_start"
+RSS_SAMPLED = "rss_sampled_at_steps"
 
 
 def _sync(device: torch.device) -> None:
@@ -27,10 +45,43 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def process_peak_rss_mib() -> float:
-    """Peak resident set size of this process (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+# -- CPU memory (the probes of the attention benchmark, `lra_bench.bench.memory`) ------------------------------------
+def _status_mib(field: str) -> float | None:
+    kib = status_kib(field)
+    return None if kib is None else kib / 1024
+
+
+def reset_rss_peak() -> bool:
+    """Reset the kernel's high-water mark of this process's resident set (VmHWM) to its current size.
+
+    Whether it worked: the write is refused before Linux 4.0 (or where /proc is read-only), and afterwards VmHWM
+    must not exceed VmRSS (it is the current size right after a reset)."""
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    hwm, rss = _status_mib("VmHWM"), _status_mib("VmRSS")
+    return hwm is not None and rss is not None and hwm <= rss + 1.0  # (the page or two touched in between)
+
+
+def current_rss_mib() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def load_average_1m() -> float | None:
+    """The machine's 1-minute load average (None where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return None
+
+
+def interquartile_range(values: list[float]) -> float | None:
+    """Q3 − Q1 with linear interpolation between order statistics (numpy's default); None below two values."""
+    if len(values) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
 
 
 class EfficiencyMonitor(pl.Callback):
@@ -39,12 +90,15 @@ class EfficiencyMonitor(pl.Callback):
         self.step_times: list[float] = []
         self.data_waits: list[float] = []
         self.tokens_per_step: list[int] = []
+        self.load_samples: list[float] = []  # 1-minute load average at each timed step (where there is one)
         self._start = 0.0
         self._last_end: float | None = None
         self._seen = 0
         self.earlier_peak_mib: float | None = None  # the peak of earlier segments (from the checkpoint)
         self.segments = 0  # earlier segments that contributed samples
         self._device: torch.device | None = None
+        self.peak_kind: str | None = None  # how this segment's peak is measured (set at train start)
+        self._sampled_peak_mib: float | None = None  # RSS_SAMPLED: the largest resident set seen after a step
 
     # -- checkpointed state (plain lists and numbers: weights-only loadable) --------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -52,6 +106,7 @@ class EfficiencyMonitor(pl.Callback):
             "step_times": list(self.step_times),
             "data_waits": list(self.data_waits),
             "tokens_per_step": list(self.tokens_per_step),
+            "load_samples": list(self.load_samples),
             "peak_memory_mib": self._peak_so_far(),
             "segments": self.segments + 1,
         }
@@ -60,29 +115,41 @@ class EfficiencyMonitor(pl.Callback):
         self.step_times = [float(x) for x in state_dict.get("step_times", [])]
         self.data_waits = [float(x) for x in state_dict.get("data_waits", [])]
         self.tokens_per_step = [int(x) for x in state_dict.get("tokens_per_step", [])]
+        self.load_samples = [float(x) for x in state_dict.get("load_samples", [])]
         peak = state_dict.get("peak_memory_mib")
         self.earlier_peak_mib = None if peak is None else float(peak)
         self.segments = int(state_dict.get("segments", 0))
 
     def _peak_so_far(self) -> float | None:
-        current = self._device_peak
+        current = self._segment_peak
         peaks = [p for p in (self.earlier_peak_mib, current) if p is not None]
         return max(peaks) if peaks else None
 
     @property
-    def _device_peak(self) -> float | None:
-        """This process's peak since training started (CUDA: max allocated; CPU: peak RSS), in MiB."""
+    def _segment_peak(self) -> float | None:
+        """This run's peak since training started in this process (see the module docstring), in MiB."""
         if self._device is None:
             return None
-        if self._device.type == "cuda":
+        if self.peak_kind == CUDA_PEAK:
             return torch.cuda.max_memory_allocated(self._device) / 2**20
-        return process_peak_rss_mib()
+        if self.peak_kind == RSS_HWM:
+            return _status_mib("VmHWM")
+        return self._sampled_peak_mib
+
+    def _start_peak(self, device: torch.device) -> None:
+        """Start this run's peak at the current usage (see the module docstring for the kinds)."""
+        self._device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.peak_kind = CUDA_PEAK
+            return
+        settle(device)  # garbage collected, freed heap handed back: what an earlier job freed is not counted
+        self.peak_kind = RSS_HWM if reset_rss_peak() else RSS_SAMPLED
+        self._sampled_peak_mib = current_rss_mib()
 
     # -- timing ----------------------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._device = pl_module.device
-        if pl_module.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        self._start_peak(pl_module.device)
         self._last_end = None
         self._seen = 0  # every segment warms up anew
 
@@ -101,13 +168,21 @@ class EfficiencyMonitor(pl.Callback):
             self.step_times.append(now - self._start)
             tokens = batch["input_ids"].numel() + (batch["input_ids_2"].numel() if "input_ids_2" in batch else 0)
             self.tokens_per_step.append(tokens * trainer.world_size)
-        self._last_end = now
+            self._sample_load()
+        if self.peak_kind == RSS_SAMPLED:
+            self._sampled_peak_mib = max(self._sampled_peak_mib or 0.0, current_rss_mib())
+        self._last_end = time.perf_counter()  # (the samples above are not data wait)
+
+    def _sample_load(self) -> None:
+        load = load_average_1m()
+        if load is not None:
+            self.load_samples.append(load)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._last_end = None  # validation time is not data wait
 
     # -- results ---------------------------------------------------------------------------------------
-    def summary(self, pl_module: pl.LightningModule) -> dict[str, float | int | None]:
+    def summary(self, pl_module: pl.LightningModule) -> dict[str, float | int | str | None]:
         median = statistics.median(self.step_times) if self.step_times else None
         tokens = statistics.median(self.tokens_per_step) if self.tokens_per_step else None
         busy = sum(self.step_times) + sum(self.data_waits)
@@ -115,10 +190,13 @@ class EfficiencyMonitor(pl.Callback):
         peak = self._peak_so_far() or 0.0
         return {
             "step_time_median_s": median,
+            "timed_steps": len(self.step_times),
+            "step_time_iqr_s": interquartile_range(self.step_times),
+            "load_avg_1m": statistics.fmean(self.load_samples) if self.load_samples else None,
             "tokens_per_s": (tokens / median) if median and tokens else None,
             "data_share": (sum(self.data_waits) / busy) if busy > 0 else None,
             "peak_memory_mib": round(peak, 1),
-            "peak_memory_kind": "cuda_max_allocated" if pl_module.device.type == "cuda" else "process_peak_rss",
+            "peak_memory_kind": self.peak_kind,
             "params": sum(p.numel() for p in pl_module.parameters()),
         }
 

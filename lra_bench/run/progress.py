@@ -5,6 +5,9 @@ themselves "Epoch 0/-2". `StepProgressBar` counts optimizer steps to `trainer.ma
 shows `step/max_steps`, the rate and the ETA — with the loss and validation accuracy beside it; a resumed run starts
 the bar at its step (the ETA counts only this attempt's steps). Without a terminal (SLURM logs, `nohup`, CI) a bar's
 redraws are noise, so `StatusLine` prints one line every `callbacks.status_every_s` seconds and one at the end.
+In both modes `ScheduleEstimate` times training steps and evaluations apart and prints, after the first evaluation,
+the projected wall time of the whole schedule (a faithful LRA schedule spends a third of its time evaluating, which
+a steps-only ETA leaves out); the status line's ETA is the same projection.
 `callbacks.progress_bar`: `auto` (bar in a terminal, status lines otherwise), `bar`, `status`, `none`
 (`true`/`false` mean `auto`/`none`).
 """
@@ -35,11 +38,12 @@ def progress_mode(setting: object, isatty: bool | None = None) -> str:
 def progress_callbacks(setting: object, every_s: float) -> tuple[list[pl.Callback], bool]:
     """The callbacks for `callbacks.progress_bar`, and whether Lightning's progress bar is enabled."""
     mode = progress_mode(setting)
+    estimate = ScheduleEstimate()
     if mode == "bar":
-        return [StepProgressBar()], True
+        return [estimate, StepProgressBar()], True
     if mode == "status":
-        return [StatusLine(every_s)], False
-    return [], False
+        return [estimate, StatusLine(every_s, estimate)], False
+    return [estimate], False
 
 
 def _value(metrics: dict[str, Any], key: str) -> float | None:
@@ -81,12 +85,78 @@ class StepProgressBar(TQDMProgressBar):
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 
+class ScheduleEstimate(pl.Callback):
+    """Times this attempt's training steps and evaluations apart (sanity checks left out) and projects the rest of
+    the schedule: remaining steps × seconds per step + remaining evaluations × seconds per evaluation. Prints the
+    projection once, after the first evaluation of this attempt."""
+
+    def __init__(self) -> None:
+        self._train_start: float | None = None
+        self._first_step = 0
+        self._eval_s = 0.0
+        self._evals = 0
+        self._eval_start: float | None = None
+        self.printed = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_start, self._first_step = time.monotonic(), int(trainer.global_step)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._eval_start = time.monotonic()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._eval_start is None:
+            return
+        self._eval_s += time.monotonic() - self._eval_start
+        self._evals += 1
+        self._eval_start = None
+        if not self.printed and trainer.is_global_zero and self.remaining_s(trainer) is not None:
+            self.printed = True
+            print(f"[lra-bench] {self.describe(trainer)}", flush=True)
+
+    def step_s(self, trainer: pl.Trainer) -> float | None:
+        """Seconds per training step so far in this attempt, evaluations excluded."""
+        done = int(trainer.global_step) - self._first_step
+        if self._train_start is None or done <= 0:
+            return None
+        running = self._eval_s + (time.monotonic() - self._eval_start if self._eval_start is not None else 0.0)
+        return (time.monotonic() - self._train_start - running) / done
+
+    def evaluations_left(self, trainer: pl.Trainer) -> int:
+        """Evaluations still to come (0 when they are not every N steps: a fraction of an epoch)."""
+        every = trainer.val_check_interval
+        if not isinstance(every, int) or every < 1 or trainer.max_steps <= 0:
+            return 0
+        return trainer.max_steps // every - int(trainer.global_step) // every
+
+    def remaining_s(self, trainer: pl.Trainer) -> float | None:
+        step_s = self.step_s(trainer)
+        if step_s is None:
+            return None
+        left = max(int(trainer.max_steps) - int(trainer.global_step), 0) * step_s
+        if self._evals:
+            left += self.evaluations_left(trainer) * self._eval_s / self._evals
+        return left
+
+    def describe(self, trainer: pl.Trainer) -> str:
+        step_s, remaining = self.step_s(trainer), self.remaining_s(trainer)
+        assert step_s is not None and remaining is not None
+        per_eval = self._eval_s / max(self._evals, 1)
+        return (
+            f"projected: {dt.timedelta(seconds=round(remaining))} to the end of the schedule "
+            f"({max(int(trainer.max_steps) - int(trainer.global_step), 0)} steps × {step_s:.2f} s + "
+            f"{self.evaluations_left(trainer)} evaluations × {per_eval:.1f} s; the test pass not included)"
+        )
+
+
 class StatusLine(pl.Callback):
     """`[lra-bench] step 120/5000 (2.4%) | loss 1.2345 | val/acc 0.3100 | 3.1 steps/s | ETA 0:26:14` every
     `every_s` seconds of training, and once at the end (for logs without a terminal)."""
 
-    def __init__(self, every_s: float = 30.0) -> None:
+    def __init__(self, every_s: float = 30.0, estimate: ScheduleEstimate | None = None) -> None:
         self.every_s = float(every_s)
+        self.estimate = estimate
         self._start: tuple[float, int] | None = None
         self._last = 0.0
 
@@ -107,8 +177,10 @@ class StatusLine(pl.Callback):
             if elapsed > 0 and done > 0:
                 rate = done / elapsed
                 parts.append(f"{rate:.2f} steps/s")
+                remaining = self.estimate.remaining_s(trainer) if self.estimate is not None else None
                 if total > step:
-                    parts.append(f"ETA {dt.timedelta(seconds=round((total - step) / rate))}")
+                    eta = remaining if remaining is not None else (total - step) / rate
+                    parts.append(f"ETA {dt.timedelta(seconds=round(eta))}")
         return "[lra-bench] " + " | ".join(parts)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:

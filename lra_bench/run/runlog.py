@@ -7,12 +7,19 @@ a run, line by line (appended, so Hydra's records and ours interleave in order):
 before a `\r`) and terminal colours are dropped from the file, and a failure to write the file (a full disk) never
 disturbs the run.
 The streams keep their own behaviour (`isatty`, `fileno`, encoding), so bars and colours still adapt to the terminal.
+
+A terminal that goes away never stops the run. Ctrl-C under `python run.py … 2>&1 | tee log` sends SIGINT to the
+whole pipeline: `tee` dies, and every later write to stdout/stderr fails with EPIPE — the signal's own message, a
+status line, the "saved last.ckpt" line — raising inside whatever the run was doing (the save at the step boundary
+was lost that way), and Python's final flush of stdout turned the exit status into 120. A stream whose write fails
+is therefore pointed at /dev/null (Python's own advice for SIGPIPE), and the run goes on writing `run.log` alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import sys
 import traceback
@@ -57,23 +64,52 @@ class _LogFile:
                 fh.close()
 
 
+def silence(stream: Any) -> None:
+    """Point `stream`'s file descriptor at /dev/null: what it still buffers, and later writes (Python's flush at
+    exit, logging handlers holding the stream), then succeed and go nowhere."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+
+
 class _Tee:
-    """A text stream that writes through to `stream` and copies to the log file."""
+    """A text stream that writes through to `stream` (until that fails: see the module docstring) and copies to the
+    log file."""
 
     def __init__(self, stream: Any, log: _LogFile) -> None:
         self._stream, self._log = stream, log
+        self._lost = False
+
+    def _lose_stream(self) -> None:
+        self._lost = True
+        silence(self._stream)
 
     def write(self, text: str) -> int:
-        written = self._stream.write(text)
+        if not self._lost:
+            try:
+                self._stream.write(text)
+            except BlockingIOError:  # a non-blocking terminal that is full right now: this text only is dropped
+                pass
+            except (OSError, ValueError):  # the reader is gone (EPIPE), the terminal closed (EIO), a closed file
+                self._lose_stream()
         self._log.write(id(self), text)
-        return written
+        return len(text)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
-        self._stream.flush()
+        if not self._lost:
+            try:
+                self._stream.flush()
+            except BlockingIOError:
+                pass
+            except (OSError, ValueError):
+                self._lose_stream()
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, errors, buffer, …
         return getattr(self._stream, name)
@@ -108,12 +144,15 @@ def tee_output(path: Path | None) -> Iterator[None]:
         yield
         return
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)  # type: ignore[assignment]
+    tees = _Tee(out, log), _Tee(err, log)
+    sys.stdout, sys.stderr = tees  # type: ignore[assignment]
     try:
         yield
     except Exception:  # Hydra prints the traceback after this block: the run's log gets it too
         log.write(0, traceback.format_exc())
         raise
     finally:
+        for tee in tees:  # what stdout still buffers, while a broken pipe can still be caught (not at exit)
+            tee.flush()
         sys.stdout, sys.stderr = out, err
         log.close()

@@ -11,6 +11,11 @@ tests/test_slurm_signals.py):
   saves nothing, and a state interrupted mid-step could not be trusted anyway).
 * A second Ctrl-C stops at once (`KeyboardInterrupt`): the last checkpoint written stays the resume point.
 * Outside a loop (building the data, the model) a signal stops at once with `SignalStop`: there is no step to finish.
+* Telling the terminal never gets in the way: under `… | tee log` Ctrl-C kills tee too, and a message written to the
+  dead pipe would raise inside the step instead of letting it finish and save (`lra_bench.run.runlog` keeps the
+  message in run.log).
+* The record's `error` line says what a re-run will find: the checkpoint it resumes from, and its step, or that none
+  was saved (a stop before the first save starts again from step 0).
 * `train()` records the run as `interrupted` and exits with 128 + the signal's number — 143 for SIGTERM, 130 for
   SIGINT — the shell's convention, so `sbatch`/`make`/a sweep see that the job did not finish. (Under submitit,
   `SubmititRequeue.hand_over` exits instead, the way submitit requeues.)
@@ -22,9 +27,11 @@ of every `fit`/`test`, so a signal that arrived during set-up is re-applied at `
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -39,6 +46,12 @@ def exit_code(signum: int) -> int:
     return 128 + int(signum)
 
 
+def tell(message: str) -> None:
+    """A message on stderr that cannot raise: a broken pipe here would land in the middle of the step."""
+    with contextlib.suppress(OSError, ValueError):
+        print(message, file=sys.stderr, flush=True)
+
+
 class SignalStop(KeyboardInterrupt):
     """A stop signal outside Lightning's loops. A KeyboardInterrupt so that no library's `except Exception` eats it."""
 
@@ -48,9 +61,11 @@ class SignalStop(KeyboardInterrupt):
 
 
 class StopSignals(pl.Callback):
-    """Owns SIGTERM/SIGINT during one run (see the module docstring). `received` is the first signal, or None."""
+    """Owns SIGTERM/SIGINT during one run (see the module docstring). `received` is the first signal, or None;
+    `checkpoints` is the run's checkpoint dir, which a re-run resumes from."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoints: str | Path | None = None) -> None:
+        self.checkpoints = None if checkpoints is None else Path(checkpoints)
         self.received: int | None = None
         self.count = 0
         self.trainer: pl.Trainer | None = None
@@ -83,14 +98,14 @@ class StopSignals(pl.Callback):
         name = signal.Signals(signum).name
         if not first:
             if signum == signal.SIGINT:  # the user insists
-                print(f"[lra-bench] {name} again: stopping now; the last checkpoint written is the resume point")
+                tell(f"[lra-bench] {name} again: stopping now; the last checkpoint written is the resume point")
                 raise KeyboardInterrupt
             return  # a repeated SIGTERM: already stopping (SLURM follows up with SIGKILL after KillWait)
         if not self._lightning_running():
             raise SignalStop(signum)
         self.trainer._signal_connector.received_sigterm = True  # type: ignore[union-attr]  (Lightning's own flag)
         again = "; Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
-        print(f"[lra-bench] {name}: stopping after this step and saving last.ckpt{again}", file=sys.stderr, flush=True)
+        tell(f"[lra-bench] {name}: stopping after this step and saving last.ckpt{again}")
 
     # -- callback: re-apply a stop that arrived while Lightning was setting up ---------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -105,7 +120,20 @@ class StopSignals(pl.Callback):
         """The record's `error` line for an interrupted run."""
         name = signal.Signals(self.received).name if self.received else "a signal"
         where = f" at step {step}" if step is not None else ""
-        return f"stopped by {name}{where}; re-running the same command resumes from checkpoints/last.ckpt"
+        return f"stopped by {name}{where}; {self.resume_point()}"
+
+    def resume_point(self) -> str:
+        """What re-running the same command starts from, as found on disk now (the checkpoint `ckpt_path=last`
+        resumes from: `lra_bench.run.checkpointing.find_resumable`)."""
+        if self.checkpoints is None:
+            return "re-running the same command resumes from the last checkpoint saved, if any"
+        from lra_bench.run.checkpointing import find_resumable
+
+        resume = find_resumable(self.checkpoints)
+        if resume.path is None:
+            return "no checkpoint was saved: re-running the same command starts from step 0"
+        shown = Path(resume.path).relative_to(self.checkpoints.parent)
+        return f"re-running the same command resumes from {shown} (step {resume.step})"
 
     def exit_status(self) -> int:
         return exit_code(self.received or signal.SIGTERM)

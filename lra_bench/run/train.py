@@ -41,7 +41,16 @@ from lra_bench.run.test_outputs import TestOutputs, test_and_record
 from lra_bench.run.user_callbacks import instantiate_callbacks
 
 CHECKPOINT_DIR = "checkpoints"
-EFFICIENCY_KEYS = ("step_time_median_s", "tokens_per_s", "data_share", "peak_memory_mib", "peak_memory_kind")
+EFFICIENCY_KEYS = (
+    "step_time_median_s",
+    "timed_steps",
+    "step_time_iqr_s",
+    "load_avg_1m",
+    "tokens_per_s",
+    "data_share",
+    "peak_memory_mib",
+    "peak_memory_kind",
+)
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -201,8 +210,9 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         print_config(cfg, save_to=output_dir / "config_tree.log")
 
     requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
-    stop = StopSignals().install()  # SIGTERM/Ctrl-C: finish the step, save, exit 143/130 (lra_bench.run.signals)
+    stop = StopSignals(output_dir / CHECKPOINT_DIR).install()  # SIGTERM/Ctrl-C: finish the step, save, exit 143/130
     trainer: pl.Trainer | None = None
+    start = None
     try:
         pl.seed_everything(int(cfg.seed), workers=True)
         dm = build_datamodule(cfg)
@@ -300,6 +310,8 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         # shutting down (W&B's service gets the SIGTERM too) is part of the stop, and must not end the job as a
         # normal failure: a submitit job that returns leaves a result that the sweep would take as final
         record["status"] = "interrupted"
+        if start is not None and start.stamp is not None:  # the attempts so far, up to the saved step
+            record["run"]["segments"] = start.stamp.segments
         record["error"] = stop.describe(trainer.global_step if trainer is not None else None)
         if stop.received is not None:  # exit 143 (SIGTERM) or 130 (Ctrl-C), the shell's convention
             raise SystemExit(stop.exit_status()) from err

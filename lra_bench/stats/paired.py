@@ -14,6 +14,12 @@ was measured:
   every pair has per-example outputs: the hierarchical bootstrap interval. With few seeds it understates the seed
   variance, so it never overrides the test.
 
+**Zero spread.** Per-seed differences are computed from integer counts — (n10 − n01)/N from the per-example
+outputs, else (correct_A − correct_B)/N with the correct counts recovered from the records' accuracies and test
+sizes — so two seeds on which A is ahead by the same number of examples give the same float, whatever the
+accuracy level (0.455 − 0.450 and 0.305 − 0.300 differ in the last bit). Where no count is known, a spread below
+`SPREAD_TOL` counts as none: it is rounding, never a measurement (one example in a million is 1e-6).
+
 Example resampling is exact and cheap: the paired difference of one resampled test set depends only on how many
 of the N draws land on A-only-correct and B-only-correct examples, a multinomial draw with probabilities
 (n10/N, n01/N, rest) — the same distribution as resampling N indices, at O(1) cost per resample.
@@ -33,6 +39,10 @@ from lra_bench.stats.summary import average_interval
 
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_SEED = 0
+#: a per-seed spread (or mean) of accuracy differences below this is float rounding, not a measurement
+SPREAD_TOL = 1e-9
+#: how far accuracy × test examples may sit from an integer and still be read as a count
+COUNT_TOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -45,9 +55,16 @@ class SeedOutcome:
     n10: int | None = None  # A right, B wrong
     n01: int | None = None  # A wrong, B right
     n: int | None = None  # test examples
+    counts: tuple[int, int, int] | None = None  # (correct A, correct B, test examples), when known without n10/n01
 
     @property
     def diff(self) -> float:
+        """acc_A − acc_B from integer counts when known (see the module: zero spread), else from the floats."""
+        if self.n10 is not None and self.n01 is not None and self.n:
+            return (self.n10 - self.n01) / self.n
+        if self.counts is not None:
+            correct_a, correct_b, total = self.counts
+            return (correct_a - correct_b) / total
         return self.acc_a - self.acc_b
 
     @property
@@ -66,6 +83,28 @@ def outcome_from_predictions(seed: Any, correct_a: np.ndarray, correct_b: np.nda
         raise ValueError(f"per-example outcomes must be equal non-empty 1-d arrays, got {a.shape} and {b.shape}")
     n10, n01 = int(np.sum(a & ~b)), int(np.sum(~a & b))
     return SeedOutcome(seed, float(a.mean()), float(b.mean()), n10, n01, int(a.size))
+
+
+def correct_count(acc: float, examples: int | None) -> int | None:
+    """The number of correct examples behind accuracy `acc` on `examples` test examples, or None when it is not a
+    count over that many (unknown size, or acc × examples not within `COUNT_TOL` of an integer)."""
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples <= 0:
+        return None
+    scaled = acc * examples
+    count = round(scaled)
+    return count if abs(scaled - count) <= COUNT_TOL else None
+
+
+def outcome_from_accuracies(
+    seed: Any, acc_a: float, acc_b: float, examples_a: int | None = None, examples_b: int | None = None
+) -> SeedOutcome:
+    """The seed's outcome from two recorded accuracies (no per-example outputs). Differences use the correct
+    counts when both accuracies are counts over the same test size. Non-finite accuracies are refused."""
+    if not (math.isfinite(acc_a) and math.isfinite(acc_b)):
+        raise ValueError(f"seed {seed}: accuracy A {acc_a}, B {acc_b}: not a number")
+    ca, cb = correct_count(acc_a, examples_a), correct_count(acc_b, examples_b)
+    counts = (ca, cb, examples_a) if ca is not None and cb is not None and examples_a == examples_b else None
+    return SeedOutcome(seed, acc_a, acc_b, counts=counts)  # type: ignore[arg-type]
 
 
 def mcnemar_exact(n10: int, n01: int) -> float:
@@ -133,13 +172,16 @@ def compare_paired(
     if not outcomes:
         raise ValueError("no paired seeds to compare")
     outcomes = tuple(outcomes)
+    bad = [o.seed for o in outcomes if not math.isfinite(o.diff)]
+    if bad:
+        raise ValueError(f"seed(s) {', '.join(map(str, bad))}: the accuracy is not a number")
     diffs = np.array([o.diff for o in outcomes])
-    delta = float(diffs.mean())
+    delta = _snap(float(diffs.mean()))
     draws = hierarchical_bootstrap(outcomes, n_resamples, seed) if all(o.has_examples for o in outcomes) else None
     boot = percentile_interval(draws, level) if draws is not None else None
     if len(outcomes) >= 2:
         _, sd_, lo, hi, p = core.paired_t(diffs, level)
-        sd = float(sd_)
+        sd = _snap(float(sd_))
         if sd > 0.0:
             return PairedResult(
                 len(outcomes), delta, (float(lo), float(hi)), float(p), T_TEST, sd, boot, outcomes, "", draws
@@ -155,6 +197,11 @@ def compare_paired(
         return PairedResult(1, delta, boot, only.mcnemar_p, MCNEMAR, None, boot, outcomes, note, draws)
     note = "1 seed and no per-example test outputs: no test is possible"
     return PairedResult(1, delta, None, None, NO_TEST, None, None, outcomes, note, None)
+
+
+def _snap(value: float) -> float:
+    """0 for a value within `SPREAD_TOL` of 0 (float rounding of differences of fractions), else the value."""
+    return 0.0 if abs(value) <= SPREAD_TOL else value
 
 
 def compare_average(

@@ -57,6 +57,7 @@ STAGES = [
     ("bf16_smoke", "bf16 training smoke of every registered attention (run.py multirun)"),
     ("bench_bfloat16", "attention benchmark on the device, bf16"),
     ("bench_float32", "attention benchmark on the device, fp32"),
+    ("train_step", "the faithful training step against the matmul limit (python -m lra_bench.bench.step)"),
     ("table", "the ListOps table beside the published numbers"),
 ]
 
@@ -540,6 +541,23 @@ class Check:
 
         return body
 
+    def stage_train_step(self, rec: StageRecord, timeout: float) -> None:
+        """The protocol's training step and evaluation batch per attention and precision, beside the device's fp32
+        matmul rate in the same process, and the projected wall time of the whole protocol."""
+        path = self.work / "train_step.json"
+        cmd = [self.python, "-m", "lra_bench.bench.step", *self.plan.step_args, "--json", str(path)]
+        outcome = self.command("train_step", cmd, timeout, threads=self.plan.train_threads)
+        self.finish_from(rec, outcome, "")
+        if not path.exists():
+            return
+        shutil.copyfile(path, self.out / "train_step.json")
+        from lra_bench.bench.step import StepTiming, markdown
+
+        data = json.loads(path.read_text())
+        rows = [StepTiming(**row) for row in data["rows"]]
+        self.report.data["train_step"] = {"markdown": "\n".join([data["title"], "", *markdown(rows)])}
+        rec.summary = ", ".join(f"{r.attn} {r.precision} {r.step_s:.3f} s/step ({r.ratio:.2f}× limit)" for r in rows)
+
     def stage_table(self, rec: StageRecord, timeout: float) -> None:
         from lra_bench.leaderboard.aggregate import as_percent
         from lra_bench.leaderboard.published import load_published
@@ -605,6 +623,7 @@ class Check:
             self.run_stage("listops_train", self.stage_listops_train)
             for dtype in self.plan.bench_dtypes:
                 self.run_stage(f"bench_{dtype}", self.stage_bench(dtype))
+            self.run_stage("train_step", self.stage_train_step)
             self.run_stage("table", self.stage_table)
         finally:
             for job in list(self.active):

@@ -36,6 +36,7 @@ class Plan:
     smoke_train: list[str]
     fast_tier_tests: list[str]
     bench_common: list[str]
+    step_args: list[str] = field(default_factory=list)  # `python -m lra_bench.bench.step` arguments
     bench_dtypes: tuple[str, ...] = ("bfloat16", "float32")
     train_threads: int = 2  # OMP threads per training process (the CPU side is data collation only)
     notes: list[str] = field(default_factory=list)
@@ -57,8 +58,9 @@ GPU = Plan(
         "gpu_tests": 80,
         "fast_tier": 110,
         "bf16_smoke": 80,
-        "bench_bfloat16": 50,
-        "bench_float32": 50,
+        "bench_bfloat16": 40,
+        "bench_float32": 35,
+        "train_step": 25,
         "table": 15,
     },
     total_budget_s=530,  # wheels+env+data+train+bench+table; check.sh's own setup takes seconds
@@ -93,6 +95,10 @@ GPU = Plan(
         "in 5000 steps); everything else is the protocol as run.py composes it",
         "ListOps step times: three runs share one GPU, beside the gpu_tests, fast_tier and bf16_smoke stages",
     ],
+    step_args=[
+        *("--device", "cuda", "--attn", "full", "nystrom", "gpa", "--precisions", "32-true", "bf16-mixed"),
+        *("--steps", "5", "--warmup", "2"),
+    ],
     bench_common=[
         "device=cuda",
         "attns=[full,nystrom,gpa,spectral,pivoted,skyformer]",
@@ -124,9 +130,10 @@ TINY = Plan(
         "bf16_smoke": 150,
         "bench_bfloat16": 60,
         "bench_float32": 60,
+        "train_step": 40,
         "table": 20,
     },
-    total_budget_s=600,
+    total_budget_s=640,
     gen_workers=2,  # the parallel generator path, even on a 2-core CI machine
     listops_gen={
         "num_train": 320,
@@ -165,6 +172,10 @@ TINY = Plan(
         "diagnostics.max_len=32",
     ],
     fast_tier_tests=["tests/test_run.py"],
+    step_args=[
+        *("--device", "cpu", "--attn", "nystrom", "--steps", "1", "--warmup", "0", "--threads", "1"),
+        *("task.seq_len=128", "task.max_length=100", "model.dim=16", "data.batch_size=4"),
+    ],
     bench_common=[
         "device=cpu",
         "threads=1",

@@ -135,6 +135,8 @@ def render(data: dict[str, Any]) -> str:
     for dtype, bench in (data.get("bench") or {}).items():
         if bench.get("markdown"):
             lines += ["", f"## Attention benchmark on the device, {dtype}", "", bench["markdown"]]
+    if (data.get("train_step") or {}).get("markdown"):
+        lines += ["", "## The faithful training step against the matmul limit", "", data["train_step"]["markdown"]]
     lines += ["", "## Stage details"]
     for s in stages:
         lines += ["", f"### {s['name']}: {s['title']} — {s['status']}", ""]
