@@ -72,8 +72,9 @@ TASK ?= listops
 ATTN ?= nystrom
 SEED ?= 0
 PROTOCOL ?= nystromformer
+REPRODUCE_ARGS ?=
 reproduce: $(STAMP)  ## one faithful protocol run kept as evidence in reproductions/: make reproduce TASK=listops ATTN=nystrom SEED=0
-	$(PY) -m lra_bench.reproduce --task $(TASK) --attn $(ATTN) --seed $(SEED) --protocol $(PROTOCOL)
+	$(PY) -m lra_bench.reproduce --task $(TASK) --attn $(ATTN) --seed $(SEED) --protocol $(PROTOCOL) $(REPRODUCE_ARGS)
 
 clean:  ## remove the venv, caches and run outputs
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache

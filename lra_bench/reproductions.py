@@ -166,7 +166,7 @@ def summary_table(runs: list[Run]) -> list[str]:
             "|---|---|---|---|---|",
         ]
         for attn in sorted({r.attn for r in group} | set(published)):
-            mine = [r for r in group if r.attn == attn]
+            mine = [r for r in group if r.attn == attn and r.record.get("off_protocol") is False]  # never a trial
             done = [r.test_acc * 100 for r in mine if r.completed and r.test_acc is not None]
             pub = published.get(attn)
             ours = "—"

@@ -10,7 +10,9 @@ and nowhere else is how each is *shrunk* so the whole README runs in minutes on 
   (`SHRINK_TASK`), `tuning.budget=2` for a search and `spt.pretrain.trainer.max_steps=4` for self-pretraining;
   every `-m` sweep gets `hydra.sweep.dir=multirun/<n>` so a later command can name it;
 * `make demo` runs with `DEMO_ARGS` (20 steps); `python -m lra_bench.bench` / `approx` with `SHRINK_APP` (one
-  short length, a few landmark counts);
+  short length, a few landmark counts); `make reproduce` with `REPRODUCE_ARGS` (the scratch data and folders, the
+  run shrunk by `--override`s, so it is a real reproduction cycle of a trial), and `python -m
+  lra_bench.reproductions` renders that scratch evidence into the scratch dir;
 * `hydra/launcher=slurm` runs on the real single-node SLURM cluster of tests/slurm_cluster.py (`local_slurm`);
   where SLURM cannot be installed the same command runs with Hydra's basic launcher instead, and says so;
 * placeholders (`<sweep dir>`, `<sweep>`, `<a gpa run>`, `<gpa search dir>`, `<the two final sweeps>`, …) are the
@@ -102,6 +104,7 @@ class Scratch:
 
     def __init__(self, root: Path, slurm: object | None) -> None:
         self.root, self.slurm = root, slurm
+        self.evidence = root / "reproductions"
         self.sweeps: list[tuple[Path, list[str]]] = []  # (sweep dir, the command's arguments)
         self.searches: dict[str, Path] = {}
         self.finals: list[Path] = []
@@ -163,10 +166,17 @@ class Scratch:
         if words[:2] == ["make", "demo"]:
             extra = f"{DEMO_ARGS} output_root={self.root / 'outputs'} data_dir={self.root / 'data'}"
             return ["make", "-C", str(REPO), "demo", f"DEMO_ARGS={extra}"], "shrunk"
+        if words[:2] == ["make", "reproduce"]:
+            shrink = [*SHRINK_RUN, *SHORT]
+            where = f"--data-dir {self.root / 'data'} --evidence-root {self.evidence} --work-root {self.root / 'work'}"
+            extra = where + "".join(f" --override={o}" for o in shrink)
+            return ["make", "-C", str(REPO), *words[1:], f"REPRODUCE_ARGS={extra}"], "shrunk"
         assert words[0] == "python", command
         if words[1] == "-m":
             module, args = words[2], words[3:]
             extra = SHRINK_APP.get(module, [])
+            if module == "lra_bench.reproductions":  # the scratch evidence, into the scratch dir
+                extra = ["--root", str(self.evidence), "--out", str(self.root / "docs" / "reproductions.md")]
             if module in ("lra_bench.bench", "lra_bench.approx"):
                 extra = [*extra, f"hydra.run.dir={self.root / module.split('.')[-1]}"]
             return [sys.executable, "-m", module, *args, *extra], "shrunk" if extra else ""

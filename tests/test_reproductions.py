@@ -108,3 +108,6 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
     assert sorted(p.name for p in evidence.iterdir()) == sorted(reproduce.EVIDENCE)
     runs = reproductions.collect(tmp_path / "evidence")
     assert len(runs) == 1 and runs[0].completed and runs[0].wall_s() > 24 * 0.3
+    page = reproductions.render(tmp_path / "evidence")
+    assert "| nystrom | 37.15 | — | 0 / 0 | not run yet |" in page  # an off-protocol trial never stands beside it
+    assert "| nystromformer/listops/nystrom/seed-0 | completed | 24/24 |" in page and "| **no** |" in page
