@@ -119,10 +119,21 @@ def checkpoint_step(path: Path) -> int:
         return -1
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C's default, as in a terminal's foreground job (a pytest started in the background, e.g.
+    `nohup pytest &`, hands SIGINT down ignored, and a run keeps an ignored SIGINT ignored, as `nohup` asks)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_run(args: list[str], env: dict[str, str], stdout: Any = subprocess.DEVNULL) -> subprocess.Popen:
     """`python run.py ARGS` as a real child process (signals, locks, timing); its stderr goes where stdout goes."""
     return subprocess.Popen(
-        [sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, stdout=stdout, stderr=subprocess.STDOUT
+        [sys.executable, str(REPO / "run.py"), *args],
+        cwd=REPO,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_default_sigint,
     )
 
 

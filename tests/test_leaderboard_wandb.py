@@ -116,9 +116,10 @@ def test_cli_logs_tables_and_charts_to_an_offline_run_in_the_sweeps_group(tmp_pa
         assert by_attn[row["attn"]][table["columns"].index("test_acc_mean")] == pytest.approx(
             float(row["test_acc_mean"])
         )
-    assert history["leaderboard/pareto/nrows"] == 2
+    # the tiny sweep is off-protocol: no on-protocol full attention to be the Pareto chart's speed reference
+    assert history.get("leaderboard/pareto/nrows", 0) == 0
     charts = {k.split("/")[2] for k in history if k.startswith("leaderboard/charts/") and k.endswith("/_type")}
-    assert charts == {"leaderboard_listops", "leaderboard_pareto_nystromformer_listops"}
+    assert charts == {"leaderboard_listops"}
     for name in charts:
         assert history[f"leaderboard/charts/{name}/_type"] == "image-file"
         assert (run_dir / "files" / history[f"leaderboard/charts/{name}/path"]).read_bytes()[:4] == b"\x89PNG"

@@ -6,10 +6,8 @@ a real tiny sweep of run.py and checks its x values against the runs' own step t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from lra_bench.leaderboard import build_leaderboard
@@ -89,22 +87,16 @@ def test_no_full_attention_run_means_no_chart(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_chart_from_a_real_tiny_sweep(tmp_path: Path) -> None:
-    """run.py -m attn=full,nystrom on tiny ListOps: the chart's x is the ratio of the two runs' recorded step times."""
+def test_a_real_tiny_sweep_draws_no_speed_ratio_without_an_on_protocol_full(tmp_path: Path) -> None:
+    """run.py -m attn=full,nystrom on tiny ListOps: both runs changed protocol values (steps, sizes), so there is no
+    on-protocol full-attention run to be the speed reference — no chart, no ratio, and the board says why."""
     sweep = tmp_path / "sweep"
     run_cli(["-m", "attn=full,nystrom", *TINY_LISTOPS, f"hydra.sweep.dir={sweep}"],
             tmp_path)  # fmt: skip
     records = {r["attn"]: r for r in (results.read_record(p) for p in sweep.rglob(results.FILENAME))}
-    png = sweep / "leaderboard_pareto_nystromformer_listops.png"
-    assert png.read_bytes()[:8] == PNG_MAGIC
-    import matplotlib.image
-
-    pixels = matplotlib.image.imread(png)
-    assert pixels.shape[0] > 400 and np.std(pixels) > 0.05  # a drawn chart, not a blank canvas
+    assert {r["off_protocol"] for r in records.values()} == {True}
+    assert not list(sweep.glob("leaderboard_pareto_*.png"))
     table = build_leaderboard([sweep], out_dir=tmp_path / "board")
-    (chart,) = [c for c in table["pareto"] if c.target == "listops"]
-    nystrom = next(p for p in chart.points if p.method.startswith("nystrom"))
-    expected = records["full"]["metrics"]["step_time_median_s"] / records["nystrom"]["metrics"]["step_time_median_s"]
-    assert nystrom.speed == pytest.approx(expected)
-    assert nystrom.memory == pytest.approx(records["nystrom"]["metrics"]["peak_memory_mib"])
-    assert math.isclose(nystrom.accuracy, 100 * records["nystrom"]["metrics"]["test_acc"])
+    assert not table["pareto"]
+    md = table["markdown"].read_text()
+    assert "no on-protocol full-attention run with the same protocol, task, sequence length and device" in md
