@@ -161,10 +161,8 @@ def reproduce(args: argparse.Namespace) -> int:
     print("[reproduce] " + " ".join(cmd[1:]), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     child = subprocess.Popen(cmd, cwd=REPO, env=env)
-    forwarded: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:  # the run saves at its next step boundary, then we snapshot
-        forwarded.append(signum)
         child.send_signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,7 +173,7 @@ def reproduce(args: argparse.Namespace) -> int:
         if time.monotonic() - last_snapshot >= args.snapshot_every_s:
             snapshot(run, evidence)
             last_snapshot = time.monotonic()
-    code = child.returncode
+    code = child.returncode if child.returncode >= 0 else 128 - child.returncode  # killed by a signal: the shell's code
     if code == 0 and record_status(run / "results.json") == "completed":
         keep_evidence(run, evidence)
         print(f"[reproduce] completed: evidence in {evidence}")
