@@ -96,6 +96,7 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     payload = json.loads(out.read_text())
     rows = payload["rows"]
     assert payload["command"].startswith("python -m lra_bench.bench.step --attn nystrom gpa")
+    assert "--json" not in payload["command"] and str(tmp_path) not in payload["command"]  # no machine path
     assert [(r["attn"], r["precision"]) for r in rows] == [
         ("nystrom", "32-true"),
         ("nystrom", "bf16-mixed"),

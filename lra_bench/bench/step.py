@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -259,6 +260,20 @@ def markdown(rows: list[StepTiming]) -> list[str]:
     return lines
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command that made a measurement, as a document shows it: pasteable, without where its JSON went (a path
+    of the machine it ran on) or the title (which the document prints above it)."""
+    shown, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--json", "--title"):
+            skip = True
+        elif not arg.startswith(("--json=", "--title=")):
+            shown.append(arg)
+    return shlex.join(["python", "-m", "lra_bench.bench.step", *shown])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="listops")
@@ -300,10 +315,9 @@ def main(argv: list[str] | None = None) -> None:
     print(conditions)
     print("\n".join(markdown(rows)))
     if args.json:
-        argv_shown = " ".join(sys.argv[1:] if argv is None else argv)
         payload = {
             "title": f"{args.title + ': ' if args.title else ''}{conditions}",
-            "command": f"python -m lra_bench.bench.step {argv_shown}".strip(),
+            "command": shown_command(sys.argv[1:] if argv is None else argv),
             "rows": [asdict(r) for r in rows],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
