@@ -173,16 +173,18 @@ def summary_table(runs: list[Run]) -> list[str]:
             if done:
                 interval = reproduction_interval(done)
                 ours = f"{sum(done) / len(done):.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+            running = sum(not r.completed for r in mine)
             verdict = (
                 "—"
                 if not pub
                 else reproduction_verdict(done, pub[0])
                 if done
+                else "in progress"
+                if running
                 else "not run yet"
                 if attn in ATTENTIONS.names()
                 else "no such attention here"
             )
-            running = sum(not r.completed for r in mine)
             lines.append(f"| {attn} | {pub[0]:.2f} |" if pub else f"| {attn} | — |")
             lines[-1] += f" {ours} | {len(done)} / {running} | {verdict} |"
         lines.append("")
