@@ -74,21 +74,26 @@ class Run:
             return None
         return next((step for step, acc in self.curve if acc > prior + PRIOR_MARGIN), None)
 
-    def wall_s(self) -> float | None:
-        """Seconds the attempts that made the weights ran (each segment from its start to its last checkpoint, or
-        to the next segment's start when an older record lacks `saved_at`), plus the test of a completed run."""
-        segments = self.segments
-        total = 0.0
+    def wall(self) -> tuple[float, bool]:
+        """Seconds the attempts that made the weights ran — each segment from its start to its last checkpoint
+        (`saved_at`), the last one to the record's end — plus the test of a completed run; and whether every
+        segment's end is known (segments written before `saved_at` existed are left out: the time between two
+        attempts is no attempt's)."""
+        segments, finished = self.segments, self.record["run"].get("finished_at")
+        total, known = 0.0, True
         for i, seg in enumerate(segments):
-            end = seg.get("saved_at") or (segments[i + 1]["started_at"] if i + 1 < len(segments) else None)
+            last = i + 1 == len(segments)
+            end = finished if last and (self.completed or not seg.get("saved_at")) else seg.get("saved_at")
             if end is None:
-                end = self.record["run"].get("finished_at")
-            if end is None:
-                return None
+                known = False
+                continue
             total += (_time(end) - _time(seg["started_at"])).total_seconds()
-        if self.completed and segments and segments[-1].get("saved_at") and self.record["run"].get("finished_at"):
-            total += (_time(self.record["run"]["finished_at"]) - _time(segments[-1]["saved_at"])).total_seconds()
-        return total
+        return total, known and bool(segments)
+
+    def wall_s(self) -> float | None:
+        """`wall()`'s seconds when every segment's end is known, else None."""
+        seconds, known = self.wall()
+        return seconds if known else None
 
 
 def _time(stamp: str) -> dt.datetime:
@@ -149,8 +154,9 @@ def _pct(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{100 * value:.{digits}f}"
 
 
-def _hours(seconds: float | None) -> str:
-    return "—" if seconds is None else f"{seconds / 3600:.2f} h"
+def _wall(run: Run) -> str:
+    seconds, known = run.wall()
+    return f"{seconds / 3600:.2f} h" if known else f"≥ {seconds / 3600:.2f} h (an earlier attempt's end unrecorded)"
 
 
 def summary_table(runs: list[Run]) -> list[str]:
@@ -219,7 +225,7 @@ def runs_table(runs: list[Run]) -> list[str]:
         lines.append(
             f"| {r.protocol}/{r.task}/{r.attn}/seed-{r.seed} | {status} | {r.steps}/{planned} | {_pct(r.test_acc)} "
             f"| {best} | {r.left_prior_at() or 'not yet'} | {r.record['config']['trainer'].get('precision')} "
-            f"| {_hours(r.wall_s())} | {machine} | {on} |"
+            f"| {_wall(r)} | {machine} | {on} |"
         )
     return lines
 
