@@ -81,9 +81,9 @@ def _copy(src: Path, dst: Path) -> None:
 
 def best_checkpoint_of(last: Path) -> str | None:
     """The best-val checkpoint file name `last` refers to (its ModelCheckpoint state), if any."""
-    import torch
+    from lra_bench.run.checkpointing import load_checkpoint
 
-    state = torch.load(last, map_location="cpu", weights_only=True)
+    state = load_checkpoint(last)
     for key, value in (state.get("callbacks") or {}).items():
         if "BestCheckpoint" in str(key) or "ModelCheckpoint" in str(key):
             path = value.get("best_model_path") if isinstance(value, dict) else None

@@ -31,13 +31,12 @@ from typing import Any
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import reproduction_interval, reproduction_verdict
 from lra_bench.registry import ATTENTIONS
+from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
+from lra_bench.reproduce import IN_PROGRESS, REPO
 
-REPO = Path(__file__).resolve().parents[1]
-ROOT = REPO / "reproductions"
 PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
-IN_PROGRESS = "in-progress"
 
 
 @dataclass
