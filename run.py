@@ -29,13 +29,14 @@ def main(cfg: DictConfig) -> float | None:
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
     from lra_bench.config.validate import ConfigError
+    from lra_bench.run.quiet import quiet_terminal
     from lra_bench.run.runlog import route_lightning_logs_to_hydra, tee_output
     from lra_bench.run.train import train
     from tasks.layout import DataSourceError
 
     route_lightning_logs_to_hydra()
     output_dir = Path(HydraConfig.get().runtime.output_dir)
-    with tee_output(output_dir / "run.log" if rank_zero_only.rank == 0 else None):
+    with tee_output(output_dir / "run.log" if rank_zero_only.rank == 0 else None), quiet_terminal():
         try:
             record = train(cfg, output_dir)
         except (ConfigError, DataSourceError) as err:

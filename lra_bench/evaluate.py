@@ -8,7 +8,7 @@ training run recorded for that checkpoint. `KEY=VALUE` may set logistics only (`
 follows `data_dir` unless given —, `data.num_workers`, `trainer.accelerator`, `trainer.devices`, …): any other key
 would make it another experiment, and is refused.
 
-Writes `results.json` (status `evaluated`) and `test_predictions.npz` into `--out DIR`, by default
+Writes `results.json` (status `evaluated`), `test_predictions.npz` and `run.log` into `--out DIR`, by default
 `<run dir>/eval/<checkpoint name>/` beside the training run's own record, which is never touched
 (`lra_bench.run.evaluation`). Exit 2 with one line on a bad checkpoint, override or data source.
 """
@@ -88,9 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup()
     quiet_third_party_warnings()
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
     from lra_bench.config.validate import ConfigError, check_writable, validate
     from lra_bench.run.checkpoint_identity import load
     from lra_bench.run.evaluation import evaluate
+    from lra_bench.run.quiet import quiet_terminal
+    from lra_bench.run.runlog import tee_output
     from tasks.layout import DataSourceError
 
     try:
@@ -102,7 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = (args.out or default_out(path)).expanduser()
         check_writable(out)
         validate(cfg)
-        evaluate(cfg, out)
+        out.mkdir(parents=True, exist_ok=True)
+        log = out / "run.log" if rank_zero_only.rank == 0 else None
+        with tee_output(log), quiet_terminal():  # as run.py: the terminal shows what a person reads
+            evaluate(cfg, out)
     except (ConfigError, DataSourceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

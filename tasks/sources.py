@@ -2,12 +2,21 @@
 
 A missing or broken source is ONE `DataSourceError` that names what was expected where, and the three ways
 to get the data: the official archive, the Hugging Face dataset, our generator (each task says which of the
-three exist for it). Nothing here downloads unless the HF hub is reachable and offline mode is off.
+three exist for it).
+
+The Hugging Face hub is asked only when the user allows it. `datasets` left to itself goes online whenever no
+offline variable is set, and on a machine without network it retries the hub with back-off for 30-60 s (twenty
+warnings) before failing — even when the dataset sits in the local HF cache. So the tasks run the hub offline
+unless the user set `HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` (`offline_unless_allowed`, called when `tasks` is
+imported, before `datasets` reads them): local files first, then the local HF cache, and the clear error at once.
+`HF_HUB_OFFLINE=0` allows a download; then the hub's host is probed first (a few seconds at most), so an unreachable
+hub is one clear line too, not a minute of retries.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable, Sequence
 from enum import Enum
 from pathlib import Path
@@ -18,6 +27,16 @@ import numpy as np
 from tasks.layout import DataSourceError
 
 OFFLINE_VARS = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+HUB_PROBE_S = 3.0  # how long an allowed hub may take to accept a connection before it counts as unreachable
+
+
+def offline_unless_allowed() -> None:
+    """Offline for the HF hub unless the user said otherwise (any of `OFFLINE_VARS` set, e.g. `HF_HUB_OFFLINE=0`).
+
+    Must run before `datasets` / `huggingface_hub` are imported: both read the variables once, at import."""
+    if not any(var in os.environ for var in OFFLINE_VARS):
+        for var in OFFLINE_VARS:
+            os.environ[var] = "1"
 
 
 def plain(value: Any) -> Any:
@@ -53,7 +72,7 @@ def hf_hint(hf_name: str, disk_path: Path) -> str:
     return (
         f'on a machine with network: `python -c "import datasets; datasets.load_dataset('
         f"'{hf_name}').save_to_disk('{disk_path}')\"` and copy {disk_path} here, or run "
-        "once with network and HF_DATASETS_OFFLINE=0 to fill the local HF cache"
+        "once with network and HF_HUB_OFFLINE=0 (lets a run download) to fill the local HF cache"
     )
 
 
@@ -83,13 +102,41 @@ def load_disk_dataset(path: Path, splits: Sequence[str]) -> dict[str, Any]:
     return {s: loaded[s] for s in splits}
 
 
-def load_hub_dataset(name: str, splits: Sequence[str]) -> tuple[dict[str, Any] | None, str]:
-    """`datasets.load_dataset(name)` (hub when online, else the local HF cache): (splits, "") or (None, why)."""
-    try:
-        from datasets import load_dataset
+def hub_unreachable(timeout_s: float = HUB_PROBE_S) -> str | None:
+    """Why the HF hub cannot be reached within `timeout_s` (a TCP connection to its host), or None if it can."""
+    from urllib.parse import urlparse
 
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"{constants.ENDPOINT} is not reachable within {timeout_s:g} s ({err})"
+    return None
+
+
+def load_hub_dataset(name: str, splits: Sequence[str]) -> tuple[dict[str, Any] | None, str]:
+    """`datasets.load_dataset(name)`: the local HF cache when offline (the default, see the module docstring), the
+    hub when the user allowed it and it answers. (splits, "") or (None, why) — never a minute of retries."""
+    from datasets import config, load_dataset
+
+    if not config.HF_HUB_OFFLINE:
+        unreachable = hub_unreachable()
+        if unreachable:
+            return None, (
+                f"the Hugging Face hub is allowed ({offline_state()}) but {unreachable}; without network, leave "
+                "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE unset to read the local HF cache"
+            )
+    try:
         loaded = load_dataset(name)
-    except Exception as err:  # offline, not cached, no network: all mean "not available"
+    except Exception as err:  # offline and not cached, no network, a broken cache: all mean "not available"
+        if config.HF_HUB_OFFLINE:
+            return None, (
+                f"{name!r} is not readable from the local Hugging Face cache ({type(err).__name__}: {err}), and the "
+                f"hub was not asked: {offline_state()}, the default; HF_HUB_OFFLINE=0 lets a run download it"
+            )
         return None, f"datasets.load_dataset({name!r}) failed in {offline_state()}: {type(err).__name__}: {err}"
     missing = [s for s in splits if s not in loaded]
     if missing:

@@ -42,13 +42,15 @@ def slurm_gpus(accelerator: str | None, devices: object) -> object:
 
 def quiet_third_party_warnings() -> None:
     """Silence library chatter that says nothing about the run (deprecations inside Lightning, the srun hint
-    printed on any machine with SLURM installed, Lightning's marketing tips)."""
+    printed on any machine with SLURM installed, Lightning's marketing tips, the seven "setup plugin alembic.…"
+    lines that alembic logs when Hydra loads the Optuna sweeper). Before Hydra starts: it imports the plugins."""
     import logging
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system.*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(
         lambda record: "litlogger" not in record.getMessage() and "💡 Tip" not in record.getMessage()
     )

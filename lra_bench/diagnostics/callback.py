@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
 from lra_bench.record import results
+from lra_bench.run.progress import say
 from models.attention.base import Attention
 from models.encoder import MultiHeadAttention
 
@@ -214,7 +215,7 @@ class DiagnosticsCallback(pl.Callback):
         missing = sorted({type(m.attention).__name__ for m in modules if not exposes_implied_matrix(m.attention)})
         if missing:  # a user's attention without the diagnostics hook: say so once, never fail the run for it
             if not self._warned:
-                print(f"[lra-bench] diagnostics skipped: {', '.join(missing)} does not implement implied_matrix")
+                say(f"[lra-bench] diagnostics skipped: {', '.join(missing)} does not implement implied_matrix")
                 self._warned = True
             return None
         layers = self.cfg["layers"]

@@ -53,8 +53,9 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
-from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
+from lra_bench.run.progress import say
 from tasks.files import make_readable, unique_tmp
 
 LAST = "last.ckpt"
@@ -212,7 +213,7 @@ class LastCheckpoint(Checkpoint):
         if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and trainer.global_step > 0:
             if trainer.global_step != self.saved_step:
                 self.save(trainer)
-                print(f"[lra-bench] stopped by a signal: saved {self.dirpath / LAST} at step {trainer.global_step}")
+                say(f"[lra-bench] stopped by a signal: saved {self.dirpath / LAST} at step {trainer.global_step}")
 
 
 # -- reliability ----------------------------------------------------------------------------------------------
@@ -331,11 +332,10 @@ class SubmititRequeue(Checkpoint):
         if "SLURM_JOB_ID" in os.environ and trainer.is_global_zero:
             env = trainer._accelerator_connector.cluster_environment
             owner = "submitit" if is_submitit_handler(handler) else "SLURM/sbatch (no submitit handler)"
-            print(
+            say(
                 f"[lra-bench] requeue owner: {owner}; lightning cluster_environment={type(env).__name__} "
                 f"auto_requeue={getattr(env, 'auto_requeue', None)}; signal handlers: "
-                + ", ".join(f"{k}={v}" for k, v in describe_signal_handlers().items()),
-                flush=True,
+                + ", ".join(f"{k}={v}" for k, v in describe_signal_handlers().items())
             )
         if trainer.world_size == 1 and is_submitit_handler(handler):
             self._submitit_handler = handler
@@ -344,17 +344,14 @@ class SubmititRequeue(Checkpoint):
     def _on_usr2(self, signum: int, frame: Any) -> None:
         if self.pending:
             return
-        print(
-            f"[lra-bench] caught {signal.Signals(signum).name}: saving at the next step boundary, then requeueing",
-            flush=True,
-        )
+        say(f"[lra-bench] caught {signal.Signals(signum).name}: saving at the next step boundary, then requeueing")
         self.pending = True
         self._old_alarm = signal.signal(signal.SIGALRM, self._on_alarm)
         signal.alarm(max(1, int(self.grace_s)))
         signal.raise_signal(signal.SIGTERM)  # Lightning: finish this step, then raise SIGTERMException
 
     def _on_alarm(self, signum: int, frame: Any) -> None:
-        print(f"[lra-bench] no step boundary within {self.grace_s:.0f}s: requeueing without a final save", flush=True)
+        say(f"[lra-bench] no step boundary within {self.grace_s:.0f}s: requeueing without a final save")
         self.hand_over()
 
     def hand_over(self) -> None:
@@ -412,5 +409,6 @@ class FaultInjection(pl.Callback):
 
 
 def log_resume(resume: Resume) -> None:
-    if resume.path:
-        rank_zero_info(f"[lra-bench] resuming from {resume.path} (step {resume.step})")
+    """Said on the terminal (a Lightning info record would go to run.log only: `lra_bench.run.quiet`)."""
+    if resume.path and rank_zero_only.rank == 0:
+        say(f"[lra-bench] resuming from {resume.path} (step {resume.step})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -10,21 +11,28 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from lra_bench.run.runlog import to_log_only
+
 ORDER = ("task", "attn", "selector", "protocol", "model", "optim", "data", "trainer", "logger", "diagnostics")
 
 
-def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
+def print_config(cfg: DictConfig, save_to: Path | None = None, terminal: bool = False) -> None:
+    """The resolved config as a tree: into `save_to` and run.log always, on the terminal only with `terminal`
+    (`print_config=true`): at ~100 lines it buried what a run says about itself."""
     tree = Tree("config", guide_style="dim")
     keys = [k for k in ORDER if k in cfg] + [k for k in cfg if k not in ORDER]
     for key in keys:
         value = cfg[key]
         text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
         tree.add(f"[bold]{key}[/]").add(text.rstrip())
-    console = Console()
-    console.print(tree)
+    rendered = io.StringIO()
+    Console(file=rendered, width=120).print(tree)
+    if terminal:
+        Console().print(tree)
+    else:
+        to_log_only(rendered.getvalue())
     if save_to is not None:
-        with open(save_to, "w") as fh:
-            Console(file=fh, width=120).print(tree)
+        save_to.write_text(rendered.getvalue())
 
 
 def _fmt(value: Any, fmt: str = "{}") -> str:

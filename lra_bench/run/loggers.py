@@ -95,6 +95,8 @@ class RunWandbLogger(WandbLogger):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if kwargs.get("anonymous") is None:  # Lightning passes `anonymous=None` to wandb.init, and wandb warns "The
+            self._wandb_init.pop("anonymous", None)  # anonymous setting has no effect" on every run when it is set
         self.failure: str | None = None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

@@ -10,6 +10,9 @@ the projected wall time of the whole schedule (a faithful LRA schedule spends a 
 a steps-only ETA leaves out); the status line's ETA is the same projection.
 `callbacks.progress_bar`: `auto` (bar in a terminal, status lines otherwise), `bar`, `status`, `none`
 (`true`/`false` mean `auto`/`none`).
+
+Every line the run prints while it trains goes through `say`: a plain `print` beside a live bar lands inside the
+bar's line (the bar redraws with `\r` and never ends its line), e.g. `…| 2/2 [00:00<00:00]\x1b[A[lra-bench] projected`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,20 @@ from pytorch_lightning.callbacks import TQDMProgressBar
 
 MODES = ("auto", "bar", "status", "none")
 SHOWN = ("train/loss", "val/acc", "val/acc_best")
+
+
+def say(message: str, file: Any = None) -> None:
+    """Print `message` on a line of its own, also while progress bars are on screen: tqdm's `write` (through
+    Lightning's `Tqdm`, the class of its bars) clears the live bars, prints and draws them again below. Never
+    raises (it runs in signal handlers too, where a broken pipe would land in the middle of a step)."""
+    from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
+
+    stream = file if file is not None else sys.stdout
+    try:
+        Tqdm.write(message, file=stream)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def progress_mode(setting: object, isatty: bool | None = None) -> str:
@@ -113,7 +130,7 @@ class ScheduleEstimate(pl.Callback):
         self._eval_start = None
         if not self.printed and trainer.is_global_zero and self.remaining_s(trainer) is not None:
             self.printed = True
-            print(f"[lra-bench] {self.describe(trainer)}", flush=True)
+            say(f"[lra-bench] {self.describe(trainer)}")
 
     def step_s(self, trainer: pl.Trainer) -> float | None:
         """Seconds per training step so far in this attempt, evaluations excluded."""
@@ -187,8 +204,8 @@ class StatusLine(pl.Callback):
         now = time.monotonic()
         if trainer.is_global_zero and now - self._last >= self.every_s:
             self._last = now
-            print(self.line(trainer), flush=True)
+            say(self.line(trainer))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
-            print(self.line(trainer), flush=True)
+            say(self.line(trainer))

@@ -13,6 +13,9 @@ whole pipeline: `tee` dies, and every later write to stdout/stderr fails with EP
 status line, the "saved last.ckpt" line — raising inside whatever the run was doing (the save at the step boundary
 was lost that way), and Python's final flush of stdout turned the exit status into 120. A stream whose write fails
 is therefore pointed at /dev/null (Python's own advice for SIGPIPE), and the run goes on writing `run.log` alone.
+
+What the terminal leaves out (Lightning's chatter, the config tree: `lra_bench.run.quiet`) still reaches the file,
+through `to_log_only`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+LOG_ONLY = -1  # the stream id of text that goes to the file only (the tees use their own ids)
 
 
 class _LogFile:
@@ -116,6 +120,15 @@ class _Tee:
 
 
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric")
+_active: _LogFile | None = None  # the run.log that `tee_output` holds open, if any
+
+
+def to_log_only(text: str) -> bool:
+    """Write `text` (whole lines) to the open run.log and not to the terminal; False when none is open."""
+    if _active is None:
+        return False
+    _active.write(LOG_ONLY, text if text.endswith("\n") else text + "\n")
+    return True
 
 
 def route_lightning_logs_to_hydra() -> None:
@@ -143,9 +156,11 @@ def tee_output(path: Path | None) -> Iterator[None]:
     except OSError:  # an unwritable run dir is reported by the run's own checks
         yield
         return
-    out, err = sys.stdout, sys.stderr
+    global _active
+    out, err, outer = sys.stdout, sys.stderr, _active
     tees = _Tee(out, log), _Tee(err, log)
     sys.stdout, sys.stderr = tees  # type: ignore[assignment]
+    _active = log
     try:
         yield
     except Exception:  # Hydra prints the traceback after this block: the run's log gets it too
@@ -155,4 +170,5 @@ def tee_output(path: Path | None) -> Iterator[None]:
         for tee in tees:  # what stdout still buffers, while a broken pipe can still be caught (not at exit)
             tee.flush()
         sys.stdout, sys.stderr = out, err
+        _active = outer
         log.close()

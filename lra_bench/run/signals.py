@@ -27,7 +27,6 @@ of every `fit`/`test`, so a signal that arrived during set-up is re-applied at `
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import threading
@@ -38,6 +37,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerStatus
 
+from lra_bench.run.progress import say
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -47,9 +48,8 @@ def exit_code(signum: int) -> int:
 
 
 def tell(message: str) -> None:
-    """A message on stderr that cannot raise: a broken pipe here would land in the middle of the step."""
-    with contextlib.suppress(OSError, ValueError):
-        print(message, file=sys.stderr, flush=True)
+    """A message on stderr that cannot raise (`say`: on its own line, also under a progress bar)."""
+    say(message, file=sys.stderr)
 
 
 class SignalStop(KeyboardInterrupt):

@@ -25,6 +25,7 @@ import torch
 
 from lra_bench.record.predictions import FILENAME as PREDICTIONS_FILE
 from lra_bench.record.predictions import save_predictions
+from lra_bench.run.progress import say
 
 
 @dataclass(frozen=True)
@@ -146,13 +147,13 @@ def test_and_record(
 ) -> None:
     """Test `ckpt` (weights and buffers: GPA's codebook) and put its per-example numbers into `record`; rank 0
     writes `test_predictions.npz` beside the record."""
-    trainer.test(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)
+    trainer.test(module, datamodule=dm, ckpt_path=ckpt, weights_only=True, verbose=False)  # the summary has them
     result, metrics = outputs.result, record["metrics"]
     if result is None:
         exact = trainer.world_size == 1 and trainer.callback_metrics.get("test/acc") is not None
         metrics["test_acc"] = float(trainer.callback_metrics["test/acc"]) if exact else None
         if trainer.is_global_zero:
-            print(f"[lra-bench] warning: no per-example test outputs ({outputs.problem})", file=sys.stderr)
+            say(f"[lra-bench] warning: no per-example test outputs ({outputs.problem})", file=sys.stderr)
         return
     metrics.update(test_acc=result.accuracy, test_loss=result.mean_loss, test_examples=result.examples)
     if trainer.is_global_zero:

@@ -206,8 +206,8 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     record_path = output_dir / results.FILENAME
     owned = not record_path.exists()  # a folder's existing record is replaced only once start_run accepted the run
     write_record()
-    if cfg.print_config and is_zero:
-        print_config(cfg, save_to=output_dir / "config_tree.log")
+    if is_zero:
+        print_config(cfg, save_to=output_dir / "config_tree.log", terminal=bool(cfg.print_config))
 
     requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
     stop = StopSignals(output_dir / CHECKPOINT_DIR).install()  # SIGTERM/Ctrl-C: finish the step, save, exit 143/130
@@ -264,7 +264,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         if fault:
             callbacks.append(checkpointing.FaultInjection(**OmegaConf.to_container(fault, resolve=True)))
         progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
-        callbacks += [*progress, *instantiate_callbacks(cfg)]
+        callbacks += [*progress, *model_summary(cfg), *instantiate_callbacks(cfg)]
         loggers, wandb_id = build_loggers(
             cfg, output_dir, run_name=f"{cfg.task.name}-{cfg.attn.name}-{output_dir.name}"
         )
@@ -330,6 +330,16 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     if is_zero:
         print_summary(record)
     return record
+
+
+def model_summary(cfg: DictConfig) -> list[pl.Callback]:
+    """Lightning's plain layer table, which it logs (so it lands in run.log only: `lra_bench.run.quiet`); with rich
+    installed Lightning would pick its rich table, printed straight to the terminal."""
+    if not cfg.trainer.get("enable_model_summary", True):
+        return []
+    from pytorch_lightning.callbacks import ModelSummary
+
+    return [ModelSummary()]
 
 
 def _build_module(cfg: DictConfig, dm: Any, source: Any = None, pretrain_info: Any = None) -> pl.LightningModule:
