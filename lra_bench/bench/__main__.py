@@ -1,4 +1,9 @@
-"""`python -m lra_bench.bench` — the Hydra app around the sweep (config: conf/bench.yaml)."""
+"""`python -m lra_bench.bench` — the Hydra app around the sweep (config: conf/bench.yaml).
+
+Ctrl-C during the sweep keeps what finished: the configurations measured so far are written and rendered
+(bench.json, bench.md, plots; marked `stopped`), the end-of-sweep matmul and the profiles are left out (they did
+not run), and the app exits 130 with one line saying where it stopped — not a traceback.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ def command_line() -> str:
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     from lra_bench.bench.machine import matmul_rate, memory_budget, resolve_device
     from lra_bench.bench.report import plot, render_markdown, summarize_bench
-    from lra_bench.bench.sweep import run_sweep
+    from lra_bench.bench.sweep import SweepStopped, run_sweep
     from lra_bench.bench.variants import build_variants
     from lra_bench.record.provenance import environment
     from lra_bench.record.results import write_atomic
@@ -60,9 +65,16 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     load_start = list(os.getloadavg())
     mm_start = matmul_rate(device, cfg.matmul.size, int(cfg.matmul.repeats), int(cfg.matmul.warmup))
     log.info("matmul yardstick: %.1f GFLOP/s", mm_start["flops_per_s"] / 1e9)
-    rows = run_sweep(variants, cfg, device, threads, budget, mm_start["flops_per_s"], log=log.info)
-    mm_end = matmul_rate(device, cfg.matmul.size, int(cfg.matmul.repeats), int(cfg.matmul.warmup))
-    yardstick = max(mm_start["flops_per_s"], mm_end["flops_per_s"])  # the machine's rate when least disturbed
+    stopped = None
+    try:
+        rows = run_sweep(variants, cfg, device, threads, budget, mm_start["flops_per_s"], log=log.info)
+    except SweepStopped as stop:
+        rows, stopped = stop.rows, f"Ctrl-C at {stop.at} ({len(stop.rows)} rows measured before it)"
+        if not rows:
+            log.info("[bench] stopped by Ctrl-C at %s, before any configuration finished: nothing to report", stop.at)
+            raise SystemExit(130) from None
+    mm_end = None if stopped else matmul_rate(device, cfg.matmul.size, int(cfg.matmul.repeats), int(cfg.matmul.warmup))
+    yardstick = max(mm_start["flops_per_s"], mm_end["flops_per_s"] if mm_end else 0.0)  # rate when least disturbed
     for row in rows:
         if row.get("achieved_flops_per_s"):
             row["rate_fraction"] = row["achieved_flops_per_s"] / yardstick
@@ -84,15 +96,19 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         "budget_bytes": budget,
         "budget_note": budget_note,
         "memory_note": MEMORY_NOTE[device.type] + ("" if cfg.isolate else " (in-process: approximate)"),
+        "stopped": stopped,
         "rows": rows,
     }
     data["summary"] = summarize_bench(rows, settings)
-    data["profiles"] = run_profiles(cfg, variants, data, device, threads) if cfg.profile.enabled else []
+    data["profiles"] = run_profiles(cfg, variants, data, device, threads) if cfg.profile.enabled and not stopped else []
     data["load_average_end"] = list(os.getloadavg())
     data["plots"] = plot(rows, output_dir, tuple(settings["targets"]["slope_range"])) if cfg.plots else []
     write_atomic(output_dir / "bench.json", data)
     (output_dir / "bench.md").write_text(render_markdown(data, h="#"))
     log.info("wrote %s", output_dir / "bench.md")
+    if stopped:
+        log.info("[bench] stopped by %s: they are in bench.md and bench.json", stopped)
+        raise SystemExit(130)
     return data
 
 
@@ -122,7 +138,12 @@ def run_profiles(cfg: DictConfig, variants: list[Any], data: dict[str, Any], dev
 
 @hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        run(cfg, output_dir)
+    except KeyboardInterrupt:  # outside the sweep (the yardstick, the report): what was written stays
+        log.info("[bench] stopped by Ctrl-C before the sweep began or while writing its report (%s)", output_dir)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

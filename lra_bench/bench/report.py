@@ -247,6 +247,8 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     out.append(f"{h} Attention benchmark (`python -m lra_bench.bench`)")
     out.append("")
     out.append(f"- command: `{data['command']}`")
+    if data.get("stopped"):
+        out.append(f"- **stopped early** by {data['stopped']}; the configurations after it were not measured")
     torch_version = env.get("packages", {}).get("torch")
     out.append(f"- git commit: `{env.get('git_commit')}`; torch {torch_version}; started {data['started_at']}")
     out.append(

@@ -2,6 +2,9 @@
 
 n is the outer loop so that all methods at one n are measured close together in time — on a shared machine
 the ratios between them (speed-ups) are then less exposed to load drifting over the sweep.
+
+Ctrl-C stops the sweep, not the report: `SweepStopped` carries every configuration measured before it (the one in
+flight is dropped, its process killed), and the app renders those (`lra_bench.bench.__main__`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ def _context() -> Any:
     return _CTX
 
 
+class SweepStopped(KeyboardInterrupt):
+    """Ctrl-C during the sweep: `rows` are the configurations measured before it, `at` the one it stopped."""
+
+    def __init__(self, rows: list[dict[str, Any]], at: str) -> None:
+        super().__init__(f"stopped at {at}")
+        self.rows, self.at = rows, at
+
+
 def run_isolated(spec: dict[str, Any], timeout_s: float) -> dict[str, dict[str, Any]]:
     ctx = _context()
     recv, send = ctx.Pipe(duplex=False)
@@ -51,6 +62,10 @@ def run_isolated(spec: dict[str, Any], timeout_s: float) -> dict[str, dict[str, 
             why = f"timed out after {timeout_s:.0f} s"
     except EOFError:
         pass
+    except BaseException:  # Ctrl-C: the measurement in flight is abandoned, its process never outlives us
+        proc.kill()
+        proc.join()
+        raise
     proc.join(10)
     if proc.is_alive():
         proc.kill()
@@ -132,12 +147,34 @@ def run_sweep(
     matmul_rate: float | None,
     log: Any = print,
 ) -> list[dict[str, Any]]:
+    """Every (n, variant, mode) row; Ctrl-C raises `SweepStopped` with the rows measured before it."""
     rows: list[dict[str, Any]] = []
+    at = ["the first configuration"]
+    try:
+        _sweep_into(rows, at, variants, cfg, device, threads, budget_bytes, matmul_rate, log)
+    except KeyboardInterrupt as stop:
+        raise SweepStopped(rows, at[0]) from stop
+    return rows
+
+
+def _sweep_into(
+    rows: list[dict[str, Any]],
+    at: list[str],
+    variants: list[Variant],
+    cfg: Any,
+    device: torch.device,
+    threads: int,
+    budget_bytes: float,
+    matmul_rate: float | None,
+    log: Any,
+) -> None:
+    """The sweep, appending each configuration's rows to `rows` once it is measured; `at[0]` names the current one."""
     history: dict[tuple[str, str], list[tuple[int, float]]] = {}
     dead: dict[str, str] = {}  # label → why larger n are skipped
     isolate = bool(cfg.isolate)
     for n in sorted(int(x) for x in cfg.seq_lens):
         for variant in variants:
+            at[0] = f"n={n}, {variant.label}"
             spec = spec_for(variant, n, cfg, device, threads)
             base = {k: spec[k] for k in ("label", "attn", "kind", "selector", "m", "m_value", "B", "H", "d", "n")}
             base.update(device=spec["device"], isolated=isolate, default_selector=variant.default_selector)
@@ -169,7 +206,6 @@ def run_sweep(
                 if row.get("status") == "ok":
                     history.setdefault((variant.label, mode), []).append((n, float(row["peak_mem_bytes"])))
                 rows.append(row)
-    return rows
 
 
 def _brief(plan: dict[str, dict[str, Any]], todo: list[str]) -> str:

@@ -331,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the files are written only once every tree is in: none is partial
+        print(f"stopped: no file was written to {a.out}; the same command generates from the start", file=sys.stderr)
+        return 130
     print(f"wrote {a.task}_{{train,val,test}}.tsv to {out}")
     return 0
 
