@@ -14,16 +14,25 @@ export PYTHONUNBUFFERED := 1
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
+# Which torch wheel: default = PyPI's (on Linux x86-64 the CUDA build, ~2.5 GB with its nvidia-* packages: what a
+# GPU machine needs); cpu = the CPU-only build from PyTorch's own index (~200 MB): make install TORCH=cpu.
+TORCH ?= default
+TORCH_INDEX_cpu := --index-url https://download.pytorch.org/whl/cpu
+TORCH_INDEX_default :=
+ifeq ($(filter $(TORCH),cpu default),)
+$(error TORCH=$(TORCH): expected cpu or default)
+endif
+
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=python3)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU build of torch first: any other torch spec pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q "torch==2.13.0"
+	# torch first, from the index TORCH chose; the project's own torch spec then accepts it as installed.
+	$(PY) -m pip install -q "torch==2.13.0" $(TORCH_INDEX_$(TORCH))
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install the project (idempotent)
+install: $(STAMP)  ## create .venv and install the project (idempotent); TORCH=cpu: the CPU-only torch wheel
 
 test: $(STAMP)  ## run the whole test suite (fast tier, then the slow tier)
 	$(PY) -m pytest -q -m "not slow and not gpu"
