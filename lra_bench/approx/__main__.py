@@ -133,7 +133,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     return data
 
 
-@hydra.main(config_path="../../conf", config_name="approx", version_base="1.3")
+@hydra.main(config_path="../conf", config_name="approx", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg, Path(HydraConfig.get().runtime.output_dir))

@@ -136,7 +136,7 @@ def run_profiles(cfg: DictConfig, variants: list[Any], data: dict[str, Any], dev
     return out
 
 
-@hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
+@hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 
 from lra_bench.config.setup import setup
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+#: the tree: `lra_bench/conf` links to the repository's `conf/`, and a wheel carries its files there (pyproject.toml)
+CONF_DIR = (Path(__file__).resolve().parents[1] / "conf").resolve()
 
 
 def compose_config(
