@@ -161,9 +161,11 @@ def time_protocol(
     eval_batches: int = 3,
     rate: float | None = None,
     device: torch.device | None = None,
+    dropout: str = "packed",
 ) -> StepTiming:
     """Time the faithful training step and an evaluation batch of `attn` on `task` under `protocol` (see the
-    module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`)."""
+    module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`); `dropout="native"`
+    swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from lra_bench.bench.machine import matmul_rate
@@ -173,6 +175,12 @@ def time_protocol(
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
     model = faithful_network(cfg).to(device)
+    if dropout == "native":
+        from models.dropout import Dropout
+
+        for module in model.modules():
+            if isinstance(module, Dropout):
+                module.__class__ = torch.nn.Dropout
     optim = adamw_with_schedule(model.parameters(), dict(cfg.optim), int(cfg.trainer.max_steps))
     optimizer, scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
     precision = str(cfg.trainer.get("precision", "32-true"))
@@ -223,7 +231,7 @@ def time_protocol(
     evaluations = max_steps // int(cfg.trainer.val_check_interval)
     val_batches = int(cfg.trainer.limit_val_batches)
     return StepTiming(
-        attn=attn,
+        attn=attn if dropout == "packed" else f"{attn} ({dropout} dropout)",
         task=task,
         protocol=protocol,
         precision=precision,
@@ -284,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as a run picks them)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--precisions", nargs="+", default=["32-true"], help="e.g. 32-true bf16-mixed")
+    parser.add_argument(
+        "--dropout", nargs="+", default=["packed"], choices=["packed", "native"], help="native: torch's nn.Dropout"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here (results_doc --step)")
     parser.add_argument("--title", default=None, help="what the measurement is (the machine's state): for the doc")
     parser.add_argument("overrides", nargs="*", help="config overrides (any change makes the timing off-protocol)")
@@ -304,9 +315,11 @@ def main(argv: list[str] | None = None) -> None:
             args.warmup,
             rate=rate,
             device=device,
+            dropout=d,
         )
         for a in args.attn
         for p in args.precisions
+        for d in args.dropout
     ]
     conditions = (
         f"{args.task}, protocol {args.protocol}, on {device} — fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, "
