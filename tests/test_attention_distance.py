@@ -27,7 +27,9 @@ def numpy_oracle(a: np.ndarray) -> dict[str, float]:
         distances.append(float(row @ offsets))
         for w in LOCALITY_WINDOWS:
             masses[w].append(float(row[offsets <= w].sum()))
-    return {"attn_distance": float(np.mean(distances))} | {f"mass_within_{w}": float(np.mean(masses[w])) for w in masses}
+    return {"attn_distance": float(np.mean(distances))} | {
+        f"mass_within_{w}": float(np.mean(masses[w])) for w in masses
+    }
 
 
 def banded(n: int, half_width: int) -> np.ndarray:
