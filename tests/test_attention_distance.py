@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from lra_bench.diagnostics.metrics import LOCALITY_WINDOWS, head_metrics, locality
+from lra_bench.diagnostics import LOCALITY_WINDOWS
+from lra_bench.diagnostics.metrics import head_metrics, locality
 from lra_bench.record import results
 from tests.conftest import TINY_LISTOPS, run_cli
 

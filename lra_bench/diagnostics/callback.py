@@ -29,7 +29,8 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.diagnostics.metrics import LOCALITY_WINDOWS, head_metrics, summary_metrics
+from lra_bench.diagnostics import LOCALITY_KEYS
+from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
 from lra_bench.record import results
 from models.attention.base import Attention
 from models.encoder import MultiHeadAttention
@@ -58,9 +59,7 @@ LOGGED = (
     "coherence",
     "target_residual",
     "target_output_residual",
-    "attn_distance",
-    "attn_distance_exact",
-    *(f"mass_within_{w}{suffix}" for w in LOCALITY_WINDOWS for suffix in ("", "_exact")),
+    *(f"{key}{suffix}" for key in LOCALITY_KEYS for suffix in ("", "_exact")),
 )
 
 

@@ -51,15 +51,13 @@ import math
 
 import torch
 
+from lra_bench.diagnostics import LOCALITY_KEYS, LOCALITY_WINDOWS
 from models.landmarks.kmeans import KMeansSettings, kmeans_fit
 
 #: the clustering behind block-coherence: the `kmeans` selector's defaults, seeded from `CLUSTER_SEED`
 CLUSTER_SETTINGS = KMeansSettings()
 CLUSTER_SEED = 0
 
-
-#: the windows (tokens on each side) whose share of attention mass is reported: `mass_within_<w>`
-LOCALITY_WINDOWS = (16, 64, 256)
 
 #: a floor below this share of ‖A‖_F flags the ratio to it (left out of summaries, reported as flagged)
 FLOOR_FLAG = 0.01
@@ -166,7 +164,7 @@ def locality(a: torch.Tensor, suffix: str = "") -> dict[str, float | None]:
     module docstring), keyed `attn_distance<suffix>`, `mass_within_<w><suffix>`; None when no row has weight."""
     weights = row_weights(a)
     rows = weights.sum(-1) > 0
-    keys = [f"attn_distance{suffix}", *(f"mass_within_{w}{suffix}" for w in LOCALITY_WINDOWS)]
+    keys = [f"{key}{suffix}" for key in LOCALITY_KEYS]
     if not bool(rows.any()):
         return dict.fromkeys(keys, None)
     n = a.shape[-1]
