@@ -133,3 +133,17 @@ def test_a_real_study_trains_each_arm_at_equal_budget(tmp_path: Path) -> None:
     assert study["unequal_keys"] == []
     assert "data_dir" not in study["command"] and str(tmp_path) not in (out / "locality.md").read_text()
     assert (out / "locality.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_equal_budget_names_every_key_but_the_attention_selector_and_seed() -> None:
+    from lra_bench.locality.runs import equal_budget
+
+    base = {"attn.name": "local", "attn.window": 4, "seed": 0, "optim.lr": 1e-3, "trainer.max_steps": 400}
+    rows = [
+        {"status": "completed", "identity": base},
+        {"status": "completed", "identity": base | {"attn.name": "gpa", "selector.name": "gpa", "seed": 1}},
+        {"status": "failed", "identity": base | {"trainer.max_steps": 5}},  # never trained to the end: not compared
+    ]
+    assert equal_budget(rows) == []
+    rows.append({"status": "completed", "identity": base | {"optim.lr": 2e-3}})
+    assert equal_budget(rows) == ["optim.lr"]
