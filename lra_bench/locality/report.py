@@ -137,9 +137,11 @@ def render_markdown(study: dict[str, Any], h: str = "#", img_dir: str = ".") -> 
         else f"**Not at equal budget**: the runs also differ in {unequal}."
     )
     hw = study["env"]["hardware"]
+    codes = sorted({f"{c['commit'][:12]}{' (dirty)' if c.get('dirty') else ''}" for r in rows if (c := r.get("code"))})
+    code = f"runs' code {', '.join(codes)}" if codes else f"git `{study['env']['git_commit']}`"
     lines += [
         "",
-        f"Machine: {hw.get('cpu')}, {hw.get('cpu_count')} logical CPUs, git `{study['env']['git_commit']}`; "
+        f"Machine: {hw.get('cpu')}, {hw.get('cpu_count')} logical CPUs, {code}; "
         f"{study['wall_s']:.0f} s wall-clock for {len(rows)} runs; `uptime` before: `{study['uptime_before']}`; after: "
         f"`{study['uptime_after']}`. Reproduce: `{study['command']}`.",
     ]
@@ -211,6 +213,8 @@ def plot(study: dict[str, Any], out_dir: Path) -> str | None:
     reach.set(xscale="log", xlabel="window w (tokens on each side)", ylabel="expected token distance")
     reach.set_title("how far attention reaches")
     for ax in (acc, reach):
+        ax.set_xticks(xs, [str(x) for x in xs])  # the windows themselves, not powers of ten
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(f"Locality study: {study['rows'][0].get('task')}")

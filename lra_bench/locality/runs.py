@@ -108,6 +108,7 @@ def row_of(arm: Arm, record: dict[str, Any] | None, returncode: int, wall_s: flo
         **{key: summary.get(key) for key in (*LOCALITY_KEYS, *(f"{k}_exact" for k in LOCALITY_KEYS))},
         "off_protocol": (record or {}).get("off_protocol"),
         "fingerprint": (record or {}).get("fingerprint"),
+        "code": (record or {}).get("code"),  # {commit, dirty}: the code the run trained with
         "identity": (record or {}).get("identity") or {},
         "task": (record or {}).get("task"),
         "protocol": (record or {}).get("protocol"),
