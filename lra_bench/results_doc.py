@@ -1,5 +1,6 @@
 """`python -m lra_bench.results_doc` — render docs/results.md from a bench run and an approx run (`make results`)
-(and, with `--spt DIR`, the self-pretraining study's section from `DIR/spt_study.json`).
+(and, with `--spt DIR`, the self-pretraining study's section from `DIR/spt_study.json`; with `--locality DIR`, the
+locality study's from `DIR/locality.json`).
 
 Every number in the document is read from `bench.json` / `approx.json` and formatted by code (the same
 renderers that write each app's own markdown); the verdicts are computed. Rerun instead of editing.
@@ -264,6 +265,12 @@ def main(argv: list[str] | None = None) -> None:
         help="an spt_study dir (spt_study.json; repeatable); alone: only that section",
     )
     parser.add_argument(
+        "--locality",
+        type=Path,
+        action="append",
+        help="a locality study dir (locality.json; repeatable); alone: only that section",
+    )
+    parser.add_argument(
         "--step",
         type=Path,
         action="append",
@@ -280,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         for png in data.get("plots", []):
             shutil.copy2(folder / png, img_dir / png)
         loaded[key] = refresh(key, data)
-    if loaded or (args.spt is None and args.step is None):
+    if loaded or (args.spt is None and args.step is None and args.locality is None):
         text = render(loaded.get("bench"), loaded.get("approx"), img="img")
     else:  # only the study given: keep the document, replace (or add) its section
         text = args.out.read_text() if args.out.exists() else ""
@@ -290,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.step:
         text = with_section(text, "train_step", step_body([json.loads(p.read_text()) for p in args.step]))
+    if args.locality:
+        text = with_section(text, "locality", locality_body(args.locality, img_dir))
     previous = args.out.read_text() if args.out.exists() else ""
     for name in KEPT_SECTIONS:  # a render without a section's inputs keeps that section as the document had it
         text = keep_section(text, previous, name)
@@ -302,8 +311,9 @@ def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
 
 
-#: sections rendered from their own inputs, kept by a full render: the self-pretraining studies, the training step
-KEPT_SECTIONS = ("spt_study", "train_step")
+#: sections rendered from their own inputs, kept by a full render: the self-pretraining studies, the training step,
+#: the locality studies
+KEPT_SECTIONS = ("spt_study", "train_step", "locality")
 
 
 def keep_section(text: str, previous: str, name: str) -> str:
@@ -331,6 +341,26 @@ def spt_body(studies: list[dict[str, Any]]) -> str:
     body = "\n".join(spt_markdown(study, h="##") for study in studies)
     note = "> Rendered from each study's `spt_study.json` by `python -m lra_bench.results_doc --spt DIR [--spt DIR …]`."
     return f"{note}\n\n{body}"
+
+
+def locality_body(folders: list[Path], img_dir: Path) -> str:
+    """The locality studies' pages (`python -m lra_bench.locality`), their plots copied beside the document under
+    a name per study folder."""
+    from lra_bench.locality.report import render_markdown as locality_markdown
+
+    parts = []
+    for folder in folders:
+        study = json.loads((folder / "locality.json").read_text())
+        if study.get("plot"):
+            name = f"locality-{folder.resolve().name}.png"
+            shutil.copy2(folder / study["plot"], img_dir / name)
+            study["plot"] = name
+        parts.append(locality_markdown(study, h="##", img_dir=img_dir.name))
+    note = (
+        "> Rendered from each study's `locality.json` by "
+        "`python -m lra_bench.results_doc --locality DIR [--locality DIR …]`."
+    )
+    return note + "\n\n" + "\n".join(parts)
 
 
 def step_body(runs: list[dict[str, Any]]) -> str:

@@ -49,6 +49,7 @@ CASES = [
     (["seed=-1"], "seed=-1: expected an integer in [0, 4294967295]"),
     (["data.batch_size=abc"], "data.batch_size='abc': expected an integer >= 1"),
     (["model.dropout=1.5"], "model.dropout=1.5: expected a number >= 0 and < 1"),
+    (["attn=local", "attn.window=0"], "attn.window=0: expected an integer >= 1"),
     (["task=pathfinder", "task.difficulty=99"], "task=pathfinder: task.difficulty='99': expected one of baseline"),
     (["task=image", "task.val_fraction=0"], "task.val_fraction=0.0: expected a number > 0 and < 1"),
     (["task=text", "task.holdout_fraction=1.5"], "task.holdout_fraction=1.5: expected a number > 0 and < 1"),

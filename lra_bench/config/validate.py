@@ -233,6 +233,7 @@ RULES: dict[str, Rule] = {
     "callbacks.status_every_s": number(0.0),
     "task.max_length": integer(1),
     "task.seq_len": integer(1),
+    "attn.window": integer(1),  # attn=local: tokens on each side (checked here so a 0 is one line, not a traceback)
 }
 
 

@@ -29,6 +29,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
 from lra_bench.record import results
 from models.attention.base import Attention
@@ -58,6 +59,7 @@ LOGGED = (
     "coherence",
     "target_residual",
     "target_output_residual",
+    *(f"{key}{suffix}" for key in LOCALITY_KEYS for suffix in ("", "_exact")),
 )
 
 

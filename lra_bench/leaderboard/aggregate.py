@@ -15,13 +15,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
 from lra_bench.record import results
 
 #: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
-GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "pretraining")
-METHOD_KEYS = ("protocol", "attn", "selector", "rank_budget", "pretraining")
+GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "window", "pretraining")
+METHOD_KEYS = ("protocol", "attn", "selector", "rank_budget", "window", "pretraining")
 #: a wide (per-method) row: the method, whether its runs kept the protocol, and the variant that sets it apart
 WIDE_KEYS = (*METHOD_KEYS, "conformance", "variant")
 # Names a task may carry in a record, mapped to the canonical key (configs and older sweeps differ).
@@ -84,6 +85,7 @@ def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict
         record["_path"] = str(path)
         record["task"] = canonical_task(record.get("task"))
         record["pretraining"] = pretraining_of(record)
+        record["window"] = window_of(record)
         records.append(record)
     return records, unreadable
 
@@ -92,6 +94,13 @@ def pretraining_of(record: dict[str, Any]) -> str:
     """How the run's encoder was pretrained (none | mlm | causal): self-pretrained rows never pool with scratch
     rows. Records from before self-pretraining existed say nothing: none."""
     return str(record.get("pretraining") or (record.get("config") or {}).get("pretraining") or "none")
+
+
+def window_of(record: dict[str, Any]) -> int | None:
+    """A local-window run's `attn.window` (None for every other attention): like the rank budget, it says which
+    method a row is — `local (w=16)` and `local (w=64)` are two methods, not two variants of one."""
+    window = experiments.identity_of(record).get("attn.window")
+    return int(window) if isinstance(window, int) and not isinstance(window, bool) else None
 
 
 def is_pretraining_stage(record: dict[str, Any]) -> bool:
@@ -159,9 +168,11 @@ def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    protocol, task, attn, selector, landmarks, pretraining, conformance, fp = key
+    protocol, task, attn, selector, landmarks, window, pretraining, conformance, fp = key
     order = experiments.CONFORMANCE.index(conformance)
-    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), str(pretraining), order, fp)
+    width = window if window is not None else -1  # local windows in increasing order
+    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), width, str(pretraining), order,
+            fp)  # fmt: skip
 
 
 def _dedupe_seeds(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -189,6 +200,21 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
 def _median(values: Iterable[Any]) -> float | None:
     nums = [float(v) for v in values if v is not None]
     return statistics.median(nums) if nums else None
+
+
+#: how far a row's attention reaches (the diagnostics' locality values): the method's and the exact softmax's
+REACH_KEYS = (*LOCALITY_KEYS, *(f"{key}_exact" for key in LOCALITY_KEYS))
+
+
+def _reach(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Median over seeds of each run's diagnostics summary (at its best-validation checkpoint, the one its test
+    accuracy comes from; the latest when none is marked best): None where no run has diagnostics."""
+    summaries = []
+    for rec in runs:
+        diag = rec.get("diagnostics") or {}
+        chosen = diag.get("best") or diag.get("latest") or {}
+        summaries.append(chosen.get("summary") or {})
+    return {key: _median(s.get(key) for s in summaries) for key in REACH_KEYS}
 
 
 def _devices(runs: Sequence[dict[str, Any]]) -> str:
@@ -243,6 +269,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "params": max(int(p) for p in params) if params else None,
                 "device": _devices(runs),
                 "seq_len": seq_lens.pop() if len(seq_lens) == 1 else None,
+                **_reach(runs),
             }
         )
     experiments.label_rows(rows, GROUP_KEYS)
@@ -251,12 +278,16 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     return rows, superseded
 
 
-def method_label(attn: Any, selector: Any, rank_budget: Any, variant: str = "", pretraining: Any = "none") -> str:
+def method_label(
+    attn: Any, selector: Any, rank_budget: Any, variant: str = "", pretraining: Any = "none", window: Any = None
+) -> str:
     label = str(attn)
     if selector:
         label += f" / {selector}"
     if rank_budget is not None:
         label += f" (m={rank_budget})"
+    if window is not None:
+        label += f" (w={window})"
     if pretraining not in (None, "none"):
         label += f" + SPT({pretraining})"
     if variant:
@@ -316,15 +347,24 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
         entry = methods[key]
         avg5, avg6, pathx_as_fail = _averages(entry["cells"])
         tag = f" ⟨{key[len(WIDE_KEYS)]}⟩" if len(key) > len(WIDE_KEYS) else ""  # a clash split off: its fingerprint
+        named = dict(zip(WIDE_KEYS, key))
         out.append(
             {
                 "kind": "ours",
                 "source": "ours",
-                **dict(zip(WIDE_KEYS, key)),
+                **named,
                 "variant_full": entry.get("full", ""),
-                "off_protocol": {"on": False, "off": True}.get(key[5]),
+                "off_protocol": {"on": False, "off": True}.get(named["conformance"]),
                 "deviations": ",".join(sorted(entry["deviations"])),
-                "method": method_label(key[1], key[2], key[3], key[6], key[4]) + tag,
+                "method": method_label(
+                    named["attn"],
+                    named["selector"],
+                    named["rank_budget"],
+                    named["variant"],
+                    named["pretraining"],
+                    named["window"],
+                )
+                + tag,
                 **{t: entry["cells"].get(t) for t in TASKS},
                 **{f"{t}_std": entry["std"].get(t) for t in TASKS},
                 **{f"{t}_n": entry["n"].get(t) for t in TASKS},
@@ -360,6 +400,7 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
                 "attn": row.attn,
                 "selector": None,
                 "rank_budget": row.rank_budget,
+                "window": None,
                 "method": row.model,
                 **{t: cells.get(t) for t in TASKS},
                 **{f"{t}_std": None for t in TASKS},

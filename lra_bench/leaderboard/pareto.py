@@ -122,7 +122,12 @@ def _relative(row: dict[str, Any], refs: References) -> tuple[float, float | Non
 def _label(row: dict[str, Any]) -> str:
     """The method, its variant and pretraining, and ⚠ when it is not known to follow its protocol."""
     label = method_label(
-        row.get("attn"), row.get("selector"), row.get("rank_budget"), row.get("variant") or "", row.get("pretraining")
+        row.get("attn"),
+        row.get("selector"),
+        row.get("rank_budget"),
+        row.get("variant") or "",
+        row.get("pretraining"),
+        row.get("window"),
     )
     return label + experiments.mark(row.get("conformance"))
 
