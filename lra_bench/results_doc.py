@@ -46,7 +46,7 @@ def _rows(bench: dict[str, Any], label_prefix: str, mode: str = "forward_backwar
 
 def efficiency_claims(bench: dict[str, Any]) -> list[str]:
     """The methods' efficiency claims, checked on the bench numbers (forward + backward), with verdicts."""
-    out = []
+    out: list[str] = []
     ok = [r for r in bench["rows"] if r["mode"] == "forward_backward" and r["status"] == "ok"]
     idx = {(r["label"], r["n"]): r for r in ok}
     ns = sorted({r["n"] for r in ok})

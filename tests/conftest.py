@@ -99,6 +99,13 @@ def run_cli(
     return proc
 
 
+def fault(**knobs: float | int) -> list[str]:
+    """The overrides that add `tests.faults.FaultInjection` to a run: `fault(step_sleep_s=0.3)` (slow steps),
+    `fault(nan_loss_at_step=5)`, `fault(nan_grad_at_step=5)`."""
+    target = "+callbacks.fault._target_=tests.faults.FaultInjection"
+    return [target, *(f"+callbacks.fault.{k}={v}" for k, v in knobs.items())]
+
+
 def write_listops(data_dir: Path, train: int = 96, evaluation: int = 64, max_length: int = 200) -> Path:
     """A small ListOps under `data_dir/listops-1000/` in the official format, made by the product's generator (the
     official file names and columns); returns `data_dir`."""

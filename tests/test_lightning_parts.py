@@ -20,7 +20,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from lra_bench.config.validate import ConfigError
 from lra_bench.run import checkpointing
-from tests.conftest import TINY_LISTOPS, compose
+from tests.conftest import TINY_LISTOPS, compose, fault
 
 
 class _Tiny(pl.LightningModule):
@@ -155,7 +155,7 @@ def test_val_acc_best_survives_a_resume(tmp_path: Path) -> None:
     # the first segment dies at step 7 (a NaN loss: the last good last.ckpt is step 6's, after its validation);
     # the same experiment (fault injection is not part of its identity) then resumes from step 6
     with pytest.raises(FloatingPointError):
-        _train(tmp_path, "trainer.max_steps=8", "+fault.nan_loss_at_step=7")
+        _train(tmp_path, "trainer.max_steps=8", *fault(nan_loss_at_step=7))
     before = max(float(r["val/acc"]) for r in _metrics(tmp_path) if r.get("val/acc"))
     probe = _BestAtStart()
     record = _train(tmp_path, "trainer.max_steps=8", extra=[probe])

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf, open_dict
 from lra_bench.leaderboard import build_leaderboard
 from lra_bench.leaderboard.sweep_callback import LeaderboardCallback
 from lra_bench.record import results
-from tests.conftest import compose
+from tests.conftest import compose, fault
 
 # The modules this issue added are imported inside the tests, so each test fails on its own (not the whole file at
 # collection) against code without them.
@@ -33,7 +33,7 @@ DATA = {"data.source": "/data/lra_release/listops-1000", "data.cache_key": "v1-0
     "overrides",
     [
         ["attn=nystrom", "attn.num_landmarks=8", "seed=1", "optim.lr=1e-3"],
-        ["attn=gpa", "+fault.step_sleep_s=0.4", "model.dim=16", "trainer.max_steps=-1"],
+        ["attn=gpa", *fault(step_sleep_s=0.4), "model.dim=16", "trainer.max_steps=-1"],
         ["experiment=demo", "attn=full", "data.eval_batch_size=null"],
         ["attn=full", "optim.betas=[0.9,0.98]", "+trainer.max_time={seconds:4}"],  # `,` `:` `{` in values
     ],

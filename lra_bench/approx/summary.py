@@ -269,7 +269,8 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
         )
     if not table:
         return {"claim": "floor_ratio", "verdict": "not measured", "rows": []}
-    parts, best = [], defaultdict(int)
+    parts: list[str] = []
+    best: defaultdict[str, int] = defaultdict(int)
     for source in dict.fromkeys(t["source"] for t in table):
         cells = [t for t in table if t["source"] == source and t["pooled_ratio"] is not None]
         flagged = sum(t["flagged"] for t in table if t["source"] == source)
@@ -321,7 +322,7 @@ def verdict_rank(inputs: list[dict[str, Any]], d_model: int | None = None) -> di
     for source, kernels in acc.items():
         n_mean = sum(ns[source]) / len(ns[source])
         d = ds[source]
-        row = {
+        row: dict[str, Any] = {
             "source": source,
             "n": n_mean,
             "d": d,
@@ -440,7 +441,7 @@ def verdict_solves(agg: list[dict[str, Any]]) -> dict[str, Any]:
             acc[(a["source"], a["solve"])][1] += a["count"]
     if not acc:
         return {"claim": "solves", "verdict": "not measured", "rows": []}
-    rows = [{"source": s, "solve": v, "worse": w, "total": t} for (s, v), (w, t) in acc.items()]
+    rows: list[dict[str, Any]] = [{"source": s, "solve": v, "worse": w, "total": t} for (s, v), (w, t) in acc.items()]
     parts = []
     for source in dict.fromkeys(r["source"] for r in rows):
         cells = {r["solve"]: r for r in rows if r["source"] == source}

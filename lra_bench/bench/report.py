@@ -318,7 +318,7 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
                     "(per-sequence k-means++ and Lloyd to convergence at every call)."
                 )
             out.append("")
-            by = defaultdict(dict)
+            by: dict[str, dict[int, float]] = defaultdict(dict)
             for x in pr:
                 by[f"`{x['num']}` / `{x['den']}`"][x["n"]] = x["ratio"]
             out += _table(

@@ -132,6 +132,6 @@ def warn_if_code_changed(checkpoint: dict[str, Any], code: dict[str, Any], path:
         f"[lra-bench] warning: the code changed since {path} was written ({code_label(before)} → "
         f"{code_label(code)}); resuming anyway — the record lists every segment's code in run.segments"
     )
-    if rank_zero_only.rank == 0:
+    if getattr(rank_zero_only, "rank", 0) == 0:
         print(message, file=sys.stderr, flush=True)
     return message

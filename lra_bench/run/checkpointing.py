@@ -34,7 +34,6 @@ Why this module exists:
   `signal_delay_s`), an alarm hands over to submitit at once (the periodic `last.ckpt` then serves). A plain
   SIGTERM (`scontrol requeue`, preemption, `scancel`) takes the same graceful path within SLURM's KillWait;
   SLURM itself requeues those jobs.
-* `FaultInjection` (`+fault.*` overrides, tests only): slow steps, a NaN loss, NaN gradients.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,9 +122,9 @@ def find_resumable(ckpt_dir: Path) -> Resume:
             resume.step = int(load_checkpoint(path).get("global_step", 0))
             break
         resume.skipped.append((str(path), problem))
-    for path, problem in resume.skipped:
+    for skipped, problem in resume.skipped:
         rank_zero_warn(
-            f"checkpoint {path} is corrupt or unreadable ({problem}); "
+            f"checkpoint {skipped} is corrupt or unreadable ({problem}); "
             + (f"resuming from {resume.path} (step {resume.step}) instead" if resume.path else "starting fresh")
         )
     return resume
@@ -189,7 +187,7 @@ class LastCheckpoint(Checkpoint):
         self.saved_step = trainer.global_step
 
     def _fitting(self, trainer: pl.Trainer) -> bool:
-        return trainer.state.fn == "fit" and not trainer.sanity_checking and not trainer.fast_dev_run
+        return trainer.state.fn == "fit" and not trainer.sanity_checking and not getattr(trainer, "fast_dev_run", False)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         step = trainer.global_step
@@ -283,7 +281,7 @@ class RNGState(pl.Callback):
 # -- the requeue owner -------------------------------------------------------------------------------------------
 def _handler_name(handler: Any) -> str:
     if handler in (signal.SIG_DFL, signal.SIG_IGN, None):
-        return {signal.SIG_DFL: "SIG_DFL", signal.SIG_IGN: "SIG_IGN"}.get(handler, "None")  # type: ignore[arg-type]
+        return {signal.SIG_DFL: "SIG_DFL", signal.SIG_IGN: "SIG_IGN"}.get(handler, "None")
     parts = getattr(handler, "signal_handlers", None)  # Lightning's _HandlersCompose
     if isinstance(parts, list):
         return "+".join(_handler_name(h) for h in parts)
@@ -380,35 +378,6 @@ class SubmititRequeue(Checkpoint):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore()
-
-
-# -- test-only fault injection -----------------------------------------------------------------------------------
-class FaultInjection(pl.Callback):
-    """`+fault.step_sleep_s=0.3` (slow steps, so a test can interrupt mid-run), `+fault.nan_loss_at_step=K`
-    (poison a weight before step K's forward: the module refuses the NaN loss), `+fault.nan_grad_at_step=K`
-    (NaN gradients in step K: the parameters turn NaN and `FiniteGuard` stops the run)."""
-
-    def __init__(
-        self, step_sleep_s: float = 0.0, nan_loss_at_step: int | None = None, nan_grad_at_step: int | None = None
-    ) -> None:
-        self.step_sleep_s = float(step_sleep_s or 0.0)
-        self.nan_loss_at_step = nan_loss_at_step
-        self.nan_grad_at_step = nan_grad_at_step
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self.nan_loss_at_step is not None and trainer.global_step + 1 == int(self.nan_loss_at_step):
-            with torch.no_grad():
-                next(pl_module.parameters()).fill_(float("nan"))
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if self.nan_grad_at_step is not None and trainer.global_step + 1 == int(self.nan_grad_at_step):
-            for p in pl_module.parameters():
-                if p.grad is not None:
-                    p.grad.fill_(float("nan"))
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self.step_sleep_s:
-            time.sleep(self.step_sleep_s)
 
 
 def log_resume(resume: Resume) -> None:

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench import runtime
+from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import check_writable, validate
 from lra_bench.record import conformance, results
 from lra_bench.record.builder import new_record, now
@@ -39,6 +40,7 @@ from lra_bench.run.signals import StopSignals
 from lra_bench.run.start import start_run
 from lra_bench.run.test_outputs import TestOutputs, test_and_record
 from lra_bench.run.user_callbacks import instantiate_callbacks
+from models.heads import LanguageModel
 
 CHECKPOINT_DIR = "checkpoints"
 EFFICIENCY_KEYS = (
@@ -54,8 +56,7 @@ EFFICIENCY_KEYS = (
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    assert isinstance(kwargs, dict)
+    kwargs = plain_dict(cfg.trainer)
     kwargs["gradient_clip_val"] = cfg.optim.grad_clip_val
     kwargs["gradient_clip_algorithm"] = cfg.optim.grad_clip_algorithm
     return kwargs
@@ -182,7 +183,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     pretraining_stage = cfg.stage == "pretrain"
     check_launch(cfg)
     check_writable(output_dir)
-    is_zero = rank_zero_only.rank == 0
+    is_zero = getattr(rank_zero_only, "rank", 0) == 0
     lock = RunDirLock(output_dir).acquire() if is_zero else None  # before the record: never clobber a live run's
     if not cfg.train:  # test one checkpoint (lra_bench.run.evaluation)
         from lra_bench.run.evaluation import evaluate
@@ -260,9 +261,6 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             test_outputs,
             *_extra_callbacks(cfg, dm, record),
         ]
-        fault = cfg.get("fault")
-        if fault:
-            callbacks.append(checkpointing.FaultInjection(**OmegaConf.to_container(fault, resolve=True)))
         progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
         callbacks += [*progress, *instantiate_callbacks(cfg)]
         loggers, wandb_id = build_loggers(
@@ -296,7 +294,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         if start.previous is not None:  # retest: nothing trained, so the training numbers stay as recorded
             record["metrics"].update({k: start.previous["metrics"].get(k) for k in EFFICIENCY_KEYS})
             record["run"]["segments"] = start.previous["run"].get("segments") or record["run"]["segments"]
-        if pretraining_stage:  # no task head and no test: the record holds the pretraining curve
+        if isinstance(module, pretrain.PretrainModule):  # no task head and no test: the record holds the curve
             pretrain.finish_record(record, module)
         elif cfg.test:
             test_and_record(trainer, module, dm, best, test_outputs, record, output_dir)
@@ -337,12 +335,16 @@ def _build_module(cfg: DictConfig, dm: Any, source: Any = None, pretrain_info: A
 
     model = build_model(cfg, dm)
     if pretrain_info is not None:  # stage=pretrain: the LM objective (lra_bench.run.pretrain)
+        if not isinstance(model, LanguageModel):
+            raise TypeError(f"stage=pretrain built a {type(model).__name__}, not a LanguageModel")
         return pretrain.build_pretrain_module(cfg, dm, model, {k: v for k, v in pretrain_info.items() if k != "curve"})
+    if isinstance(model, LanguageModel):
+        raise TypeError("a LanguageModel outside stage=pretrain")
     if source is not None:  # pretrained=: the pretrained encoder, a fresh head (lra_bench.run.pretrained)
         from lra_bench.run.pretrained import load_encoder
 
         load_encoder(model, source)
-    return LRAModule(model, dm.num_classes, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps))
+    return LRAModule(model, dm.num_classes, plain_dict(cfg.optim), int(cfg.trainer.max_steps))
 
 
 def _extra_callbacks(cfg: DictConfig, dm: Any, record: dict[str, Any]) -> list[pl.Callback]:
