@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 from omegaconf import DictConfig
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench import runtime
@@ -30,6 +31,7 @@ from lra_bench.record import conformance, results
 from lra_bench.record.builder import new_record, now
 from lra_bench.run import checkpointing, pretrain
 from lra_bench.run.build import build_datamodule, build_model
+from lra_bench.run.checkpoint_io import RunCheckpointIO
 from lra_bench.run.console import conformance_line, print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.lock import RunDirLock
@@ -139,17 +141,16 @@ def prepare_data(dm: Any, output_dir: Path, is_zero: bool, timeout_s: float = 6 
     dm.setup()
 
 
-def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
+def resume_from(cfg: DictConfig, output_dir: Path) -> checkpointing.Resume:
+    """The checkpoint this run continues from, loaded once (see `lra_bench.run.checkpoint_io`)."""
     if cfg.ckpt_path in (None, "none", "null"):
-        return None
+        return checkpointing.Resume()
     if cfg.ckpt_path == "last":
         resume = checkpointing.find_resumable(output_dir / CHECKPOINT_DIR)
         checkpointing.log_resume(resume)
-        return resume.path
-    from lra_bench.config.validate import check_ckpt_path
-
-    check_ckpt_path(cfg)  # (validate() checked it too; the file may have changed since)
-    return str(Path(str(cfg.ckpt_path)).expanduser())
+        return resume
+    path = Path(str(cfg.ckpt_path)).expanduser()  # (validate() checked it too; the file may have changed since)
+    return checkpointing.Resume.of(path, checkpointing.load_usable(path, shown=cfg.ckpt_path))
 
 
 def checkpoint_step(path: str | None) -> int | None:
@@ -229,15 +230,15 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                 print_summary(start.finished)
                 print(f"[lra-bench] already completed: {record_path} left unchanged (retest=true tests again)")
             return start.finished
-        ckpt = resume_path(cfg, output_dir)
-        start.use_checkpoint(ckpt, module, record)
+        resume = resume_from(cfg, output_dir)
+        start.use_checkpoint(resume, module, record)
         owned = True
-        record["run"]["resumed_from_step"] = checkpoint_step(ckpt)
+        record["run"]["resumed_from_step"] = resume.step
         write_record()  # identity and protocol conformance are known now: readable while the run trains
         if is_zero:
             print(conformance_line(record))
         # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
-        checkpoint = checkpointing.BestCheckpoint(
+        checkpoint = ModelCheckpoint(
             dirpath=str(output_dir / CHECKPOINT_DIR),
             filename="best-{step}",
             monitor="val/acc",
@@ -263,6 +264,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         ]
         progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
         callbacks += [*progress, *instantiate_callbacks(cfg)]
+        checkpoint_io = RunCheckpointIO()  # atomic writes in the checkpoint's folder; the resume's one load
         loggers, wandb_id = build_loggers(
             cfg, output_dir, run_name=f"{cfg.task.name}-{cfg.attn.name}-{output_dir.name}"
         )
@@ -275,11 +277,14 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             max_epochs=-1,
             check_val_every_n_epoch=None,
             enable_progress_bar=bar,
-            plugins=slurm_plugins(),
+            plugins=[*slurm_plugins(), checkpoint_io],
         )
         stop.trainer = trainer
+        if resume.path is not None and resume.checkpoint is not None:
+            checkpoint_io.preload(resume.path, resume.checkpoint)  # Lightning restores from it: no second read
+            resume.checkpoint = None
         if cfg.train:
-            trainer.fit(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)
+            trainer.fit(module, datamodule=dm, ckpt_path=resume.path, weights_only=True)
         record["run"]["segments"] = start.stamp.segments  # type: ignore[union-attr]
         check_steps_ran(int(trainer.global_step), int(cfg.trainer.max_steps))
         record["metrics"].update(efficiency.summary(module))
