@@ -117,6 +117,18 @@ def _identity(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     return _identity_of(compose(overrides))
 
 
+def test_trainer_precision_is_part_of_the_fingerprint() -> None:
+    """Two runs that differ only in `trainer.precision` (fp32 vs bf16 autocast: other numbers) are two
+    experiments: the key is in the identity, the fingerprints differ, and it is the one key that differs."""
+    from lra_bench.record.identity import differing_keys, fingerprint
+
+    _, fp32 = _identity(["attn=nystrom", "trainer.precision=32-true"])
+    _, bf16 = _identity(["attn=nystrom", "trainer.precision=bf16-mixed"])
+    assert fp32["trainer.precision"] == "32-true" and bf16["trainer.precision"] == "bf16-mixed"
+    assert fingerprint(fp32) != fingerprint(bf16)
+    assert differing_keys([fp32, bf16]) == ["trainer.precision"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "changed"),
     [
