@@ -248,8 +248,16 @@ def block_coherence_by_source(inputs: list[dict[str, Any]]) -> dict[str, float |
     return {s: (sum(v) / len(v) if v else None) for s, v in acc.items()}
 
 
+def ratio_text(ratio: float) -> str:
+    """A pooled error/floor ratio with three significant figures (`1.72×`, `56.9×`, `6.77e+08×`): a ratio of sums
+    of measured errors supports no more, and the former two decimals printed `676682359.81×` as a finding."""
+    return f"{ratio:.3g}×"
+
+
 def _brackets(beside: dict[tuple[str, str], float], method: str) -> str:
-    got = [f"{solve} {beside[(method, solve)]:.2f}×" for solve in (SECONDARY, ORACLE) if (method, solve) in beside]
+    got = [
+        f"{solve} {ratio_text(beside[(method, solve)])}" for solve in (SECONDARY, ORACLE) if (method, solve) in beside
+    ]
     return f" ({'; '.join(got)})" if got else ""
 
 
@@ -288,7 +296,9 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
             if t["solve"] in (SECONDARY, ORACLE) and not t["method"].startswith("attn:")
         }
 
-        text = ", ".join(f"{t['method']} {t['pooled_ratio']:.2f}×{_brackets(beside, t['method'])}" for t in primary)
+        text = ", ".join(
+            f"{t['method']} {ratio_text(t['pooled_ratio'])}{_brackets(beside, t['method'])}" for t in primary
+        )
         note = (
             f"; {flagged}/{total} evaluations with a floor below {FLOOR_FLAG:.0%} of ‖A‖_F left out" if flagged else ""
         )
