@@ -5,11 +5,6 @@ second read of the file."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,21 +12,7 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lra_bench.run.checkpoint_io import RunCheckpointIO
-
-
-@contextlib.contextmanager
-def _small_filesystem(path: Path, size: str = "96k") -> Iterator[Path]:
-    """A tmpfs of `size` at `path`: another filesystem than $TMPDIR, small enough to fill."""
-    path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=False)
+from tests.conftest import small_tmpfs
 
 
 def _big() -> dict:
@@ -47,7 +28,7 @@ def _loads(path: Path) -> bool:
 
 
 def test_lightning_leaves_a_truncated_checkpoint_on_a_full_disk_of_another_filesystem(tmp_path: Path) -> None:
-    with _small_filesystem(tmp_path / "run") as run:
+    with small_tmpfs(tmp_path / "run", "96k") as run:
         target = run / "best-4.ckpt"
         with pytest.raises(OSError):
             TorchCheckpointIO().save_checkpoint(_big(), target)  # temp file in $TMPDIR, then copied across
@@ -55,7 +36,7 @@ def test_lightning_leaves_a_truncated_checkpoint_on_a_full_disk_of_another_files
 
 
 def test_ours_keeps_the_previous_file_and_leaves_no_temp_file_on_a_full_disk(tmp_path: Path) -> None:
-    with _small_filesystem(tmp_path / "run") as run:
+    with small_tmpfs(tmp_path / "run", "96k") as run:
         target = run / "best-4.ckpt"
         RunCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}}, target)
         with pytest.raises((OSError, RuntimeError)):  # torch.save reports ENOSPC as a RuntimeError
