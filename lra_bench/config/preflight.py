@@ -12,7 +12,7 @@ torch), and checks the paths the run will write. A multirun's jobs are composed 
 A key added with `+` goes where no schema looks: Hydra suggests `+trainer.max_step=5` for a misspelt key, and the run
 then generated its data for minutes before `pl.Trainer` refused the argument. So a `+` (or `++`) key under a node the
 config already has is refused with a "did you mean" unless it is one of the open places where the tree takes new
-keys (`check_added_keys`); a new top-level key (`+fault.step_sleep_s=…`) and Hydra's own config are left alone.
+keys (`check_added_keys`); a new top-level key (`+notes.owner=…`) and Hydra's own config are left alone.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _suggestion(key: str, candidates: Any) -> str:
 def added_key_problem(tree: dict[str, Any], key: str) -> str | None:
     """Why `+key` would add nothing the harness reads (None when it is fine), `tree` the config without the `+` keys.
 
-    Open places: a new top-level key (`+fault.…`) and Hydra's own config; a new callback node under `callbacks`
+    Open places: a new top-level key (`+notes.…`) and Hydra's own config; a new callback node under `callbacks`
     (a `_target_` node: `validate.callback_nodes` checks it) and the arguments of any `_target_` node;
     `spt.pretrain.<key>`, which overrides the run's own `<key>` for the pretraining stage (checked as that key);
     `trainer.<argument>` for any `pl.Trainer` argument. Anywhere else a missing key is a typo or a knob that
