@@ -18,6 +18,7 @@ Only global rank 0 saves (Lightning's strategy calls `save_checkpoint` on rank 0
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -54,9 +55,12 @@ class RunCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()  # serialised first, as Lightning does: a full disk is then an OSError naming errno
+        torch.save(checkpoint, buffer)  # (torch.save onto the file reports it as "unexpected pos" instead)
         tmp = unique_tmp(target)
         try:
-            torch.save(checkpoint, tmp)
+            with open(tmp, "wb") as fh:
+                fh.write(buffer.getbuffer())
             make_readable(tmp)
             os.replace(tmp, target)
         finally:
