@@ -48,7 +48,7 @@ def _files(root: Path) -> dict[str, tuple[int, bytes]]:
 @pytest.mark.timeout(600)
 def test_a_second_process_on_a_live_run_dir_refuses_naming_the_holder(tmp_path: Path) -> None:
     base = [*ARGS, f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
-    args = [*base, "trainer.max_steps=40", *fault(step_sleep_s=0.3)]
+    args = [*base, "trainer.max_steps=40", *fault(step_sleep_s=1.0)]  # ≥ 38 s left: time for the second start
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     out = _run_dir(tmp_path / "outputs")
     first = start_run(args, env)
