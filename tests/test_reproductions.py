@@ -17,7 +17,7 @@ import pytest
 
 from lra_bench import reproduce, reproductions
 from lra_bench.stats.power import seeds_per_arm
-from tests.conftest import REPO, write_listops
+from tests.conftest import REPO, fault, write_listops
 
 COMMITTED = sorted(p for p in (REPO / "reproductions").glob("*/*/*/seed-*/results.json"))
 
@@ -66,7 +66,7 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
         "task.seq_len=128",
         "task.max_length=120",
         "data.batch_size=8",
-        "+fault.step_sleep_s=0.3",
+        *fault(step_sleep_s=0.3),
     ]
     args = [
         sys.executable,

@@ -42,6 +42,8 @@ if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle th
 import torch
 import torch.nn.functional as F
 
+from lra_bench.config.plain import plain_dict
+
 
 @dataclass
 class StepTiming:
@@ -76,7 +78,6 @@ def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> An
 
 
 def faithful_network(cfg: Any) -> torch.nn.Module:
-    from omegaconf import OmegaConf
 
     from lra_bench.run.build import build_network, selector_node
 
@@ -85,8 +86,8 @@ def faithful_network(cfg: Any) -> torch.nn.Module:
         seq_len=int(cfg.task.seq_len),
         num_classes=int(cfg.task.num_classes),
         dual=bool(cfg.task.dual),
-        model=OmegaConf.to_container(cfg.model, resolve=True),
-        attn=OmegaConf.to_container(cfg.attn, resolve=True),
+        model=plain_dict(cfg.model),
+        attn=plain_dict(cfg.attn),
         selector=selector_node(cfg),
     )
 
@@ -182,7 +183,8 @@ def time_protocol(
             if isinstance(module, Dropout):
                 module.__class__ = torch.nn.Dropout
     optim = adamw_with_schedule(model.parameters(), dict(cfg.optim), int(cfg.trainer.max_steps))
-    optimizer, scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
+    optimizer, schedule = optim["optimizer"], optim["lr_scheduler"]
+    scheduler = schedule["scheduler"] if isinstance(schedule, dict) else schedule
     precision = str(cfg.trainer.get("precision", "32-true"))
     batch_size = int(cfg.data.batch_size)
     gen = torch.Generator().manual_seed(0)

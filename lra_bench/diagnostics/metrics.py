@@ -242,8 +242,16 @@ NOT_SUMMARISED = ("error_abs", "ey_floor_abs", "floor_flagged", "leverage_define
 def pooled_ratio(rows: list[dict[str, float | int | bool | None]]) -> float | None:
     """Σ‖A − Â‖_F / Σ floor over the rows whose floor is not flagged (None when none is left)."""
     kept = [r for r in rows if not r.get("floor_flagged") and r.get("ey_floor_abs")]
-    den = sum(float(r["ey_floor_abs"]) for r in kept)
-    return sum(float(r["error_abs"]) for r in kept) / den if kept and den > 0 else None
+    den = sum(_number(r, "ey_floor_abs") for r in kept)
+    return sum(_number(r, "error_abs") for r in kept) / den if kept and den > 0 else None
+
+
+def _number(row: dict[str, float | int | bool | None], key: str) -> float:
+    """`row[key]` as a float; a row without it is a bug in the caller (a KeyError or TypeError, as before)."""
+    value = row[key]
+    if value is None:
+        raise TypeError(f"{key} is None in {row}")
+    return float(value)
 
 
 def summary_metrics(rows: list[dict[str, float | int | bool | None]]) -> dict[str, float | int | None]:
@@ -252,10 +260,10 @@ def summary_metrics(rows: list[dict[str, float | int | bool | None]]) -> dict[st
     keys = {key for row in rows for key in row if key not in NOT_SUMMARISED}
     out: dict[str, float | int | None] = {}
     for key in sorted(keys):
-        values = [float(row[key]) for row in rows if isinstance(row.get(key), int | float)]
+        values = [float(v) for row in rows if isinstance(v := row.get(key), int | float)]
         out[key] = median(values)
     unflagged = [r for r in rows if not r.get("floor_flagged")]
-    out["ey_ratio"] = median([float(r["ey_ratio"]) for r in unflagged if r.get("ey_ratio") is not None])
+    out["ey_ratio"] = median([float(v) for r in unflagged if (v := r.get("ey_ratio")) is not None])
     out["ey_ratio_pooled"] = pooled_ratio(rows)
     out["floor_flagged"] = sum(bool(r.get("floor_flagged")) for r in rows)
     out["leverage_undefined"] = sum(r.get("leverage_defined") is False for r in rows)

@@ -195,7 +195,8 @@ def plot(chart: Chart, path: Path) -> Path:
         color = f"C{i % 10}"
         ax.scatter([p.speed], [p.accuracy], s=BUBBLE * p.memory / biggest, color=color, alpha=0.45,
                    edgecolors="black", linewidths=0.8, zorder=2,
-                   **({} if p.comparable else {"facecolors": "none", "linestyles": "--"}))  # fmt: skip
+                   facecolors=color if p.comparable else "none",
+                   linestyles="solid" if p.comparable else "--")  # fmt: skip
         if p.ci is not None:
             ax.errorbar([p.speed], [p.accuracy], yerr=[[p.accuracy - p.ci[0]], [p.ci[1] - p.accuracy]],
                         fmt="none", ecolor=color, capsize=3, linewidth=1, zorder=3)  # fmt: skip

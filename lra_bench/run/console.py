@@ -19,7 +19,7 @@ def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
     for key in keys:
         value = cfg[key]
         text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
-        tree.add(f"[bold]{key}[/]").add(text.rstrip())
+        tree.add(f"[bold]{key!s}[/]").add(text.rstrip())
     console = Console()
     console.print(tree)
     if save_to is not None:

@@ -145,7 +145,7 @@ def tee_output(path: Path | None) -> Iterator[None]:
         return
     out, err = sys.stdout, sys.stderr
     tees = _Tee(out, log), _Tee(err, log)
-    sys.stdout, sys.stderr = tees  # type: ignore[assignment]
+    sys.stdout, sys.stderr = tees
     try:
         yield
     except Exception:  # Hydra prints the traceback after this block: the run's log gets it too
