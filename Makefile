@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast demo lint format data bench approx results reproduce clean
+.PHONY: help install test test-fast demo lint typecheck format data bench approx results reproduce clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ demo: $(STAMP)  ## quick ListOps run with GPA on generated data (CSV + offline W
 
 lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)  ## mypy on lra_bench, models, tasks (settings in pyproject.toml)
+	$(VENV)/bin/mypy
 
 format: $(STAMP)  ## ruff format + import sort
 	$(VENV)/bin/ruff check --fix .

@@ -26,7 +26,12 @@ import pkgutil
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:  # the bases are imported lazily at run time: building the CLI must not import torch
+    from models.attention.base import Attention
+    from models.landmarks.base import LandmarkSelector
+    from tasks.base import LRADataModule
 
 PLUGINS_ENV = "LRA_BENCH_PLUGINS"
 
@@ -38,24 +43,36 @@ class UnknownComponent(KeyError):
         return str(self.args[0])
 
 
-class Registry:
-    """The components of one axis (`attn`, `selector` or `task`), found on first use."""
+class Described(Protocol):
+    """What every component class says about itself (see the module docstring; `name` is read from the class's own
+    `__dict__`, so a base class without one is not an option)."""
+
+    config: ClassVar[type | None]
+
+
+Component = TypeVar("Component", bound=Described)
+
+
+class Registry(Generic[Component]):
+    """The components of one axis (`attn`, `selector` or `task`), found on first use; `Component` is the axis'
+    base class, so a looked-up class is typed with the base's hooks (`takes_selector`, `flops`, …)."""
 
     def __init__(self, axis: str, base: str, package: str) -> None:
         self.axis = axis
         self._base_path = base  # "module:Class", imported lazily: building the CLI must not import torch
         self.package = package
-        self._components: dict[str, type] | None = None
+        self._components: dict[str, type[Component]] | None = None
 
     @property
-    def base(self) -> type:
+    def base(self) -> type[Component]:
         module, _, cls = self._base_path.partition(":")
-        return getattr(importlib.import_module(module), cls)
+        base: type[Component] = getattr(importlib.import_module(module), cls)
+        return base
 
     # -- discovery ------------------------------------------------------------------------------------------
-    def _discover(self) -> dict[str, type]:
+    def _discover(self) -> dict[str, type[Component]]:
         if self._components is None:
-            found: dict[str, type] = {}
+            found: dict[str, type[Component]] = {}
             package = importlib.import_module(self.package)
             for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
                 if not info.ispkg and not info.name.startswith("_"):
@@ -65,7 +82,7 @@ class Registry:
             self._components = found
         return self._components
 
-    def _collect(self, module: Any, found: dict[str, type]) -> None:
+    def _collect(self, module: Any, found: dict[str, type[Component]]) -> None:
         base = self.base
         for _, cls in inspect.getmembers(module, inspect.isclass):
             name = cls.__dict__.get("name")
@@ -86,7 +103,7 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._discover())
 
-    def get(self, name: str) -> type:
+    def get(self, name: str) -> type[Component]:
         components = self._discover()
         if name not in components:
             raise UnknownComponent(f"{self.axis}={name!r} is not known; valid: {', '.join(sorted(components))}")
@@ -94,7 +111,9 @@ class Registry:
 
     def config(self, name: str) -> type:
         """The component's config dataclass (its schema)."""
-        return self.get(name).config  # type: ignore[attr-defined, no-any-return]
+        schema = self.get(name).config
+        assert schema is not None  # `_collect` admits only classes with a config dataclass
+        return schema
 
     def params(self, name: str, node: dict[str, Any]) -> dict[str, Any]:
         """The constructor's keyword arguments in a config node: the schema's fields, minus `name`."""
@@ -132,20 +151,22 @@ def plugin_modules() -> list[Any]:
     return modules
 
 
-ATTENTIONS = Registry("attn", "models.attention.base:Attention", "models.attention")
-SELECTORS = Registry("selector", "models.landmarks.base:LandmarkSelector", "models.landmarks")
-TASKS = Registry("task", "tasks.base:LRADataModule", "tasks")
-AXES = {"attn": ATTENTIONS, "selector": SELECTORS, "task": TASKS}
+ATTENTIONS: Registry[Attention] = Registry("attn", "models.attention.base:Attention", "models.attention")
+SELECTORS: Registry[LandmarkSelector] = Registry(
+    "selector", "models.landmarks.base:LandmarkSelector", "models.landmarks"
+)
+TASKS: Registry[LRADataModule] = Registry("task", "tasks.base:LRADataModule", "tasks")
+AXES: dict[str, Registry[Any]] = {"attn": ATTENTIONS, "selector": SELECTORS, "task": TASKS}
 
 
-def build_selector(name: str, /, **kwargs: Any) -> Any:
+def build_selector(name: str, /, **kwargs: Any) -> LandmarkSelector:
     """A selector from its config node's keys (keys that are not its knobs are ignored: `name`, …)."""
     return SELECTORS.get(name)(**SELECTORS.params(name, kwargs))
 
 
 def build_attention(
     name: str, /, *, head_dim: int, num_heads: int, seq_len: int, selector: Any = None, **params: Any
-) -> Any:
+) -> Attention:
     """An attention with its selector (required exactly when the attention `takes_selector`)."""
     cls = ATTENTIONS.get(name)
     params = {k: v for k, v in params.items() if k != "name"}  # anything else must be a knob (TypeError if not)

@@ -22,6 +22,8 @@ import argparse
 import csv
 import datetime as dt
 import json
+import math
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,9 +35,11 @@ from lra_bench.leaderboard.reproduced import reproduction_interval, reproduction
 from lra_bench.registry import ATTENTIONS
 from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
 from lra_bench.reproduce import IN_PROGRESS, REPO
+from lra_bench.stats.power import seeds_per_arm
 
 PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
+DIFFERENCE_PP = 1.0  # the gap the page sizes seeds for: about the spread of the published ListOps rows
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
 
 
@@ -254,7 +258,31 @@ def comparison(root: Path, runs: list[Run], a: str = "gpa", b: str = "nystrom") 
         ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
         lines += [f"`{' '.join(['python', *cmd[1:]])}`:", "", "```", (out.stdout or out.stderr).rstrip(), "```", ""]
+        lines += [seeds_needed(have[a], have[b], a, b), ""]
     return lines
+
+
+def seeds_needed(runs_a: list[Run], runs_b: list[Run], a: str, b: str, difference_pp: float = DIFFERENCE_PP) -> str:
+    """How many seeds per method a `difference_pp` gap needs, from the seed spread measured so far (pooled sd)."""
+    accs = {
+        a: [100 * r.test_acc for r in runs_a if r.test_acc is not None],
+        b: [100 * r.test_acc for r in runs_b if r.test_acc is not None],
+    }
+    if min(len(v) for v in accs.values()) < 2:
+        return (
+            f"Seeds needed for a {difference_pp:g} pp difference: unknown until each method has 2 completed seeds "
+            f"(the seed spread is not measured yet; now {len(accs[a])} and {len(accs[b])})."
+        )
+    pooled = math.sqrt(
+        sum((len(v) - 1) * statistics.variance(v) for v in accs.values()) / sum(len(v) - 1 for v in accs.values())
+    )
+    n = seeds_per_arm(difference_pp, pooled)
+    spreads = ", ".join(f"{k} {statistics.stdev(v):.2f} pp over {len(v)} seeds" for k, v in accs.items())
+    need = f"{n} seeds per method" if n is not None else "more seeds than is practical"
+    return (
+        f"Seeds needed for a {difference_pp:g} pp difference: {need} (two-sided t-test, α 0.05, power 0.80, pooled "
+        f"seed sd {pooled:.2f} pp; measured seed sd: {spreads})."
+    )
 
 
 def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:

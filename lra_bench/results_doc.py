@@ -1,8 +1,12 @@
 """`python -m lra_bench.results_doc` — render docs/results.md from a bench run and an approx run (`make results`)
-(and, with `--spt DIR`, the self-pretraining study's section from `DIR/spt_study.json`).
+(and, with `--spt DIR`, the self-pretraining study's section from `DIR/spt_study.json`; with `--locality DIR`, the
+locality study's from `DIR/locality.json`).
 
-Every number in the document is read from `bench.json` / `approx.json` and formatted by code (the same
-renderers that write each app's own markdown); the verdicts are computed. Rerun instead of editing.
+Every number in the document is read from `bench.json` / `approx.json` and formatted by code; the verdicts are
+computed. Rerun instead of editing. The page is what a person reads in five minutes: each target and claim one
+line with its verdict and its figures. The full tables go beside it, not into it (`TABLES_DIR`): every timed
+configuration and every approximation evaluation as CSV, and both inputs as JSON (summaries recomputed), with the
+plots in `img/`; each app's own markdown (`bench.md`, `approx.md` in its run dir) renders those tables for reading.
 """
 
 from __future__ import annotations
@@ -15,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.approx.report import CLAIM_TITLES
-from lra_bench.approx.report import render_markdown as approx_markdown
-from lra_bench.bench.report import render_markdown as bench_markdown
 
 CATEGORIES = (
     ("depthwise conv skip", re.compile(r"conv")),
@@ -46,7 +48,7 @@ def _rows(bench: dict[str, Any], label_prefix: str, mode: str = "forward_backwar
 
 def efficiency_claims(bench: dict[str, Any]) -> list[str]:
     """The methods' efficiency claims, checked on the bench numbers (forward + backward), with verdicts."""
-    out = []
+    out: list[str] = []
     ok = [r for r in bench["rows"] if r["mode"] == "forward_backward" and r["status"] == "ok"]
     idx = {(r["label"], r["n"]): r for r in ok}
     ns = sorted({r["n"] for r in ok})
@@ -155,6 +157,25 @@ def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) 
     return [*out, ""]
 
 
+#: the folder beside the page (relative to it) that holds the full tables
+TABLES_DIR = "results"
+
+
+def write_tables(bench: dict[str, Any] | None, approx: dict[str, Any] | None, folder: Path) -> list[str]:
+    """Every row of the two inputs as CSV and the inputs themselves as JSON in `folder`; returns the file names."""
+    import pandas as pd
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind, data in (("bench", bench), ("approx", approx)):
+        if not data:
+            continue
+        pd.json_normalize(data["rows"]).to_csv(folder / f"{kind}_rows.csv", index=False)
+        (folder / f"{kind}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+        written += [f"{kind}_rows.csv", f"{kind}.json"]
+    return written
+
+
 def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str) -> str:
     out = ["# Results: attention speed, memory and approximation quality", ""]
     out.append(
@@ -183,7 +204,7 @@ def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str
             out.append("")
             out.append(
                 "What limits them — share of operator self time by kind (torch.profiler at the largest n, "
-                "forward + backward; details in the benchmark section):"
+                f"forward + backward; every operator in `{TABLES_DIR}/bench.json`):"
             )
             out.append("")
             cats = [c for c, _ in CATEGORIES] + ["elementwise, copies, indexing", "other (below the top operators)"]
@@ -208,32 +229,22 @@ def render(bench: dict[str, Any] | None, approx: dict[str, Any] | None, img: str
             "- Ratios against `full` compare with PyTorch's fused flash-attention kernel (O(n) memory), not with a "
             "materialised n×n softmax; `sdpa_math` in the tables is that materialising baseline."
         )
-    if bench:
-        out += ["", bench_markdown(bench, h="##", img_dir=img).replace("## Attention benchmark", "## Benchmark", 1)]
-    if approx:
-        out += ["", approx_markdown(approx, h="##", img_dir=img)]
+    out += ["", "## The full tables", ""]
+    for kind, data, app in (("bench", bench, "lra_bench.bench"), ("approx", approx, "lra_bench.approx")):
+        if data:
+            out.append(
+                f"- `{TABLES_DIR}/{kind}_rows.csv`: all {len(data['rows'])} rows of `python -m {app}`; "
+                f"`{TABLES_DIR}/{kind}.json`: the run itself (settings, summary, environment)"
+            )
+    plots = [*(bench or {}).get("plots", []), *(approx or {}).get("plots", [])]
+    if plots:
+        out.append("- plots: " + ", ".join(f"[{Path(p).stem}]({img}/{p})" for p in plots))
     out += [
         "",
         "## GPU",
         "",
-        "Not run yet: no GPU node has been available to this project's sessions. Everything the GPU path needs runs "
-        "from one prepared command (`scripts/gpu/`, docs/architecture.md): `scripts/gpu/prepare.sh` on a CPU machine "
-        "with registry access (the missing wheels into `.whl/`), then on the node",
-        "",
-        "```",
-        "scripts/gpu/check.sh --out DIR",
-        "```",
-        "",
-        "which installs the wheels, runs the GPU test tier, a bf16 smoke of every attention, the benchmark on CUDA "
-        "(bf16 and fp32, n = 1K…32K, against SDPA flash and memory-efficient) and the Nyströmformer-protocol ListOps "
-        "row (full, nystrom, gpa, 5000 steps) beside the published 37.10 / 37.15, writing `report.md` after every "
-        "stage. Its numbers belong here, with the node's hardware line. The benchmark alone on any CUDA machine:",
-        "",
-        "```",
-        "make bench BENCH_ARGS='device=cuda references=[sdpa_math,sdpa_flash] hydra.run.dir=outputs/results/bench_gpu'",
-        "python -m lra_bench.results_doc --bench outputs/results/bench_gpu --approx outputs/results/approx "
-        "--out docs/results_gpu.md",
-        "```",
+        "Not run yet. `scripts/gpu/check.sh --out DIR` runs every GPU stage in one command (docs/architecture.md); "
+        "its numbers belong here, with the node's hardware line.",
     ]
     return "\n".join(out) + "\n"
 
@@ -264,6 +275,12 @@ def main(argv: list[str] | None = None) -> None:
         help="an spt_study dir (spt_study.json; repeatable); alone: only that section",
     )
     parser.add_argument(
+        "--locality",
+        type=Path,
+        action="append",
+        help="a locality study dir (locality.json; repeatable); alone: only that section",
+    )
+    parser.add_argument(
         "--step",
         type=Path,
         action="append",
@@ -280,7 +297,9 @@ def main(argv: list[str] | None = None) -> None:
         for png in data.get("plots", []):
             shutil.copy2(folder / png, img_dir / png)
         loaded[key] = refresh(key, data)
-    if loaded or (args.spt is None and args.step is None):
+    if loaded:
+        write_tables(loaded.get("bench"), loaded.get("approx"), args.out.parent / TABLES_DIR)
+    if loaded or (args.spt is None and args.step is None and args.locality is None):
         text = render(loaded.get("bench"), loaded.get("approx"), img="img")
     else:  # only the study given: keep the document, replace (or add) its section
         text = args.out.read_text() if args.out.exists() else ""
@@ -290,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.step:
         text = with_section(text, "train_step", step_body([json.loads(p.read_text()) for p in args.step]))
+    if args.locality:
+        text = with_section(text, "locality", locality_body(args.locality, img_dir))
     previous = args.out.read_text() if args.out.exists() else ""
     for name in KEPT_SECTIONS:  # a render without a section's inputs keeps that section as the document had it
         text = keep_section(text, previous, name)
@@ -302,8 +323,9 @@ def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
 
 
-#: sections rendered from their own inputs, kept by a full render: the self-pretraining studies, the training step
-KEPT_SECTIONS = ("spt_study", "train_step")
+#: sections rendered from their own inputs, kept by a full render: the self-pretraining studies, the training step,
+#: the locality studies
+KEPT_SECTIONS = ("spt_study", "train_step", "locality")
 
 
 def keep_section(text: str, previous: str, name: str) -> str:
@@ -331,6 +353,26 @@ def spt_body(studies: list[dict[str, Any]]) -> str:
     body = "\n".join(spt_markdown(study, h="##") for study in studies)
     note = "> Rendered from each study's `spt_study.json` by `python -m lra_bench.results_doc --spt DIR [--spt DIR …]`."
     return f"{note}\n\n{body}"
+
+
+def locality_body(folders: list[Path], img_dir: Path) -> str:
+    """The locality studies' pages (`python -m lra_bench.locality`), their plots copied beside the document under
+    a name per study folder."""
+    from lra_bench.locality.report import render_markdown as locality_markdown
+
+    parts = []
+    for folder in folders:
+        study = json.loads((folder / "locality.json").read_text())
+        if study.get("plot"):
+            name = f"locality-{folder.resolve().name}.png"
+            shutil.copy2(folder / study["plot"], img_dir / name)
+            study["plot"] = name
+        parts.append(locality_markdown(study, h="##", img_dir=img_dir.name))
+    note = (
+        "> Rendered from each study's `locality.json` by "
+        "`python -m lra_bench.results_doc --locality DIR [--locality DIR …]`."
+    )
+    return note + "\n\n" + "\n".join(parts)
 
 
 def step_body(runs: list[dict[str, Any]]) -> str:

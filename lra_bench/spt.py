@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import ConfigError, validate
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
@@ -70,7 +71,7 @@ def completed(path: Path, cfg: DictConfig) -> bool:
         return False
     validate(cfg)
     resolve_stage(cfg)
-    wanted = _identity(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    wanted = _identity(plain_dict(cfg))
     found = _identity(record.get("config") or {})
     if fingerprint(found) == fingerprint(wanted):
         return True

@@ -23,6 +23,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.config.plain import plain_dict
+
 FILENAME = "tuning.yaml"
 FORMAT = "lra-bench/tuning/1"
 OPTUNA_RESULTS = "optimization_results.yaml"
@@ -44,8 +46,9 @@ def _load(search_dir: str) -> dict[str, Any]:
             f"tuning.search_dir={search_dir}: no {FILENAME} there — give the sweep dir of a finished "
             "`python run.py hparams_search=optuna ...` (it writes that file when the search ends)"
         )
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    loaded = OmegaConf.load(path)
+    data = plain_dict(loaded) if isinstance(loaded, DictConfig) else None
+    if data is None or data.get("format") != FORMAT:
         raise TuningError(f"{path}: not a {FORMAT} file")
     return data
 
@@ -89,8 +92,8 @@ def write_result(config: DictConfig, sweep_dir: Path) -> Path:
     optuna_path = sweep_dir / OPTUNA_RESULTS
     if not optuna_path.is_file():
         raise TuningError(f"{optuna_path}: missing — did the sweep use hydra/sweeper=optuna and finish?")
-    found = OmegaConf.to_container(OmegaConf.load(optuna_path), resolve=True)
-    best = dict(found.get("best_params") or {})  # type: ignore[union-attr]
+    found = plain_dict(OmegaConf.load(optuna_path))
+    best = dict(found.get("best_params") or {})
     values = {k: best.get(k, OmegaConf.select(config, k)) for k in TUNED_KEYS} | best
     payload = {
         "format": FORMAT,
@@ -101,7 +104,7 @@ def write_result(config: DictConfig, sweep_dir: Path) -> Path:
         "sampler": OmegaConf.to_container(config.hydra.sweeper.sampler, resolve=True),
         "sampler_seed": OmegaConf.select(config, "tuning.sampler_seed"),
         "space": OmegaConf.to_container(config.hydra.sweeper.params, resolve=True),
-        "best_value": found.get("best_value"),  # type: ignore[union-attr]
+        "best_value": found.get("best_value"),
         "values": values,
         "method": {k: OmegaConf.select(config, f"{k}.name", default=None) for k in ("task", "attn", "selector")},
     }

@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
-
 from models.attention.base import Attention
 from models.encoder import Encoder
-from models.heads import Classifier, DualClassifier
+from models.heads import Classifier, DualClassifier, TaskNetwork
 
 #: makes the attention of one block: `(layer index, sequence length incl. a CLS token) -> Attention`
 AttentionFactory = Callable[[int, int], Attention]
@@ -32,7 +30,7 @@ def build_classifier(
     dual: bool,
     model: dict[str, Any],
     make_attention: AttentionFactory,
-) -> nn.Module:
+) -> TaskNetwork:
     """`model`: dim, depth, num_heads, head_dim, ffn_dim, dropout, pooling, head_hidden, interaction.
     `make_attention` is called once per block, in order (every block gets its own instance: selectors may hold
     per-layer state, e.g. GPA's codebook)."""

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from models.attention.base import Attention
+from models.dropout import Dropout
 
 POOLINGS = ("mean", "mean_legacy", "cls")
 
@@ -26,7 +27,7 @@ class MultiHeadAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * num_heads * head_dim)
         self.attention = attention
         self.out = nn.Linear(num_heads * head_dim, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`x [B, N, dim]` → q, k, v `[B, H, N, D]`."""
@@ -54,7 +55,7 @@ class Block(nn.Module):
         self.norm1, self.attn = nn.LayerNorm(dim), attn
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(
-            nn.Linear(dim, ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_dim, dim), nn.Dropout(dropout)
+            nn.Linear(dim, ffn_dim), nn.GELU(), Dropout(dropout), nn.Linear(ffn_dim, dim), Dropout(dropout)
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -105,7 +106,7 @@ class Encoder(nn.Module):
         self.token_emb = nn.Embedding(vocab_size, dim)
         self.pos_emb = nn.Embedding(total_len, dim)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if self.use_cls else None
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.blocks = nn.ModuleList(
             Block(
                 dim,

@@ -59,3 +59,7 @@ class LanguageModel(nn.Module):
         if self.encoder.use_cls:
             x = x[:, 1:]
         return self.lm_head(x)
+
+
+#: a task's classifier: one tower, or two towers sharing the encoder
+TaskNetwork = Classifier | DualClassifier

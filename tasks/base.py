@@ -105,7 +105,7 @@ class LRADataModule(pl.LightningDataModule):
     """Base data module. `cfg` is the task config node as a plain dict (see the task's schema dataclass)."""
 
     #: the `task=` option name; a class with its own `name` is discovered by `lra_bench.registry`
-    name: ClassVar[str] = ""  # type: ignore[assignment]  (LightningDataModule.name is informational)
+    name: str = ""  # (an attribute on LightningDataModule too, where it is informational)
     #: the config dataclass (the task node's schema)
     config: ClassVar[type | None] = None
     dual: bool = False
@@ -113,7 +113,7 @@ class LRADataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        cfg: dict[str, Any] | Any,
+        cfg: Any,
         data_dir: str,
         cache_dir: str,
         batch_size: int = 32,
@@ -122,7 +122,7 @@ class LRADataModule(pl.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.cfg = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+        self.cfg: dict[str, Any] = asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else dict(cfg)
         self.data_dir, self.cache_dir = data_dir, cache_dir
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
@@ -217,7 +217,7 @@ class LRADataModule(pl.LightningDataModule):
             shuffle=shuffle,
             drop_last=shuffle,
             generator=generator,
-            collate_fn=self.collate,
+            collate_fn=self.collate,  # type: ignore[arg-type]  # torch types it for a list; `__getitems__` gives a dict
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
@@ -234,7 +234,7 @@ class LRADataModule(pl.LightningDataModule):
             sampler=sampler,
             drop_last=True,
             generator=torch.Generator().manual_seed(self.seed),  # worker seeds: keep the global RNG untouched
-            collate_fn=self.collate,
+            collate_fn=self.collate,  # type: ignore[arg-type]  # as in `_loader`
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

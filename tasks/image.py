@@ -84,7 +84,7 @@ class ImageSplit(str, Enum):
 
 # The first 16 records of TFDS `cifar10` train as read (ids and labels: Ganegedara, TensorFlow in Action, ch. 3;
 # the first one's label and top-left pixels RGB: ray-project/ray `python/ray/data/read_api.py`, `from_tf`).
-KNOWN_FIRST_RECORDS = {
+KNOWN_FIRST_RECORDS: dict[str, tuple[Any, ...]] = {
     "ids": (16399, 1680, 47917, 17307, 27051, 48736, 26263, 1456, 19135, 31598, 12970, 4223, 27152, 49635, 4093, 17537),
     "labels": (7, 8, 4, 4, 6, 5, 2, 9, 6, 6, 9, 9, 3, 0, 8, 7),
     "first_pixels": ((143, 96, 70), (141, 96, 72), (135, 93, 72)),
@@ -321,10 +321,10 @@ class ImageDataModule(LRADataModule):
                 splits = load_disk_dataset(Path(where), ("train", "test"))
                 rgb = {s: self._from_hf(ds, f"{where}[{s}]") for s, ds in splits.items()}
             elif kind == "hf":
-                splits, why = load_hub_dataset(where, ("train", "test"))
-                if splits is None:
+                hub, why = load_hub_dataset(where, ("train", "test"))
+                if hub is None:
                     raise self.missing_error(why)
-                rgb = {s: self._from_hf(ds, f"hf:{where}[{s}]") for s, ds in splits.items()}
+                rgb = {s: self._from_hf(ds, f"hf:{where}[{s}]") for s, ds in hub.items()}
             else:
                 raise self.missing_error(f"task.source={kind} but that source is not under {self.data_dir}")
         except MissingSourceError:

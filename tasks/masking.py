@@ -132,7 +132,8 @@ class PretrainingData(LRADataModule):
         self.task.setup()
         train = self.task.splits["train"]
         kept, held = holdout_split(len(train), self.holdout_fraction, self.seed)
-        self.splits = {"train": IndexedSplit(train, kept), "val": IndexedSplit(train, held)}
+        views = {"train": IndexedSplit(train, kept), "val": IndexedSplit(train, held)}
+        self.splits = views  # type: ignore[assignment]  # views of an ArrowSplit: loaders need len, __getitems__
 
     def collate(self, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         index = rows.pop("index")

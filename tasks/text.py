@@ -199,10 +199,10 @@ class TextDataModule(LRADataModule):
             elif kind == "raw":
                 self._raw = {s: read_aclimdb_split(Path(where), s, self.cfg["review_form"]) for s in RAW_SPLITS}
             elif kind == "hf":
-                splits, why = load_hub_dataset(where, RAW_SPLITS)
-                if splits is None:
+                hub, why = load_hub_dataset(where, RAW_SPLITS)
+                if hub is None:
                     raise self.missing_error(why)
-                self._raw = {s: self._from_hf(ds, f"hf:{where}[{s}]") for s, ds in splits.items()}
+                self._raw = {s: self._from_hf(ds, f"hf:{where}[{s}]") for s, ds in hub.items()}
             else:
                 raise self.missing_error(f"task.source={kind} but that source is not under {self.data_dir}")
         except MissingSourceError:

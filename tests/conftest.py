@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +99,29 @@ def run_cli(
             f"run.py failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def fault(**knobs: float | int) -> list[str]:
+    """The overrides that add `tests.faults.FaultInjection` to a run: `fault(step_sleep_s=0.3)` (slow steps),
+    `fault(nan_loss_at_step=5)`, `fault(nan_grad_at_step=5)`."""
+    target = "+callbacks.fault._target_=tests.faults.FaultInjection"
+    return [target, *(f"+callbacks.fault.{k}={v}" for k, v in knobs.items())]
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (another filesystem than $TMPDIR, small enough to fill); skips the test
+    where mounting needs root or is refused."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode(errors='replace').strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
 
 
 def write_listops(data_dir: Path, train: int = 96, evaluation: int = 64, max_length: int = 200) -> Path:

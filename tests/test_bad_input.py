@@ -49,6 +49,7 @@ CASES = [
     (["seed=-1"], "seed=-1: expected an integer in [0, 4294967295]"),
     (["data.batch_size=abc"], "data.batch_size='abc': expected an integer >= 1"),
     (["model.dropout=1.5"], "model.dropout=1.5: expected a number >= 0 and < 1"),
+    (["attn=local", "attn.window=0"], "attn.window=0: expected an integer >= 1"),
     (["task=pathfinder", "task.difficulty=99"], "task=pathfinder: task.difficulty='99': expected one of baseline"),
     (["task=image", "task.val_fraction=0"], "task.val_fraction=0.0: expected a number > 0 and < 1"),
     (["task=text", "task.holdout_fraction=1.5"], "task.holdout_fraction=1.5: expected a number > 0 and < 1"),
@@ -64,6 +65,70 @@ def test_config_mistakes_are_one_line_exit_2(capsys, paths, argv: list[str], mes
     line = _refused(capsys, [*argv, f"output_root={paths['out']}"], check=check_run_config)
     assert message in line
     assert not paths["out"].exists()  # nothing written
+
+
+#: a bad value for every rule of `lra_bench.config.validate.RULES` (the completeness test below keeps it whole)
+BAD_VALUES = {
+    "seed": "-1",
+    "threads": "0",
+    "train": "maybe",
+    "test": "maybe",
+    "print_config": "maybe",
+    "model.dim": "0",
+    "model.depth": "0",
+    "model.num_heads": "0",
+    "model.head_dim": "0",
+    "model.ffn_dim": "0",
+    "model.head_hidden": "0",
+    "model.dropout": "1.0",
+    "optim.lr": "0",
+    "optim.weight_decay": "-0.1",
+    "optim.betas": "[0.9]",
+    "optim.eps": "0",
+    "optim.warmup_steps": "-1",
+    "optim.grad_clip_val": "0",
+    "optim.grad_clip_algorithm": "clip",
+    "data.batch_size": "0",
+    "data.eval_batch_size": "0",
+    "data.num_workers": "-1",
+    "trainer.max_steps": "0",
+    "trainer.val_check_interval": "1.5",
+    "trainer.limit_val_batches": "0",
+    "trainer.limit_test_batches": "-1",
+    "trainer.log_every_n_steps": "0",
+    "trainer.accumulate_grad_batches": "0",
+    "trainer.num_sanity_val_steps": "-2",
+    "trainer.num_nodes": "0",
+    "trainer.deterministic": "sometimes",
+    "diagnostics.enabled": "maybe",
+    "diagnostics.every_n_validations": "0",
+    "diagnostics.max_len": "0",
+    "diagnostics.probe_size": "0",
+    "diagnostics.rank_tol": "0",
+    "diagnostics.heads": "[-1]",
+    "diagnostics.layers": "[0.5]",
+    "callbacks.checkpoint_every_n_steps": "0",
+    "callbacks.stats_warmup_steps": "-1",
+    "callbacks.progress_bar": "sometimes",
+    "callbacks.status_every_s": "0",
+    "task.max_length": "0",
+    "task.seq_len": "0",
+}
+
+
+def test_every_validation_rule_has_a_bad_value_here() -> None:
+    from lra_bench.config.validate import RULES
+
+    assert set(BAD_VALUES) == set(RULES)
+
+
+@pytest.mark.parametrize("key", sorted(BAD_VALUES))
+def test_every_validation_rule_refuses_a_bad_value_in_one_line(capsys, paths, key: str) -> None:
+    from lra_bench.config.validate import RULES
+
+    line = _refused(capsys, [f"{key}={BAD_VALUES[key]}", f"output_root={paths['out']}"], check=check_run_config)
+    assert line.startswith(f"error: {key}=") and line.endswith(f": expected {RULES[key].valid}"), line
+    assert not paths["out"].exists()
 
 
 ADDED_KEYS = [
@@ -96,7 +161,7 @@ LEGITIMATE_ADDS = [
         "+callbacks.lr_monitor._target_=pytorch_lightning.callbacks.LearningRateMonitor",
         "+callbacks.lr_monitor.logging_interval=step",
     ],
-    ["+fault.step_sleep_s=0.3"],  # a new top-level key
+    ["+notes.owner=me"],  # a new top-level key
     ["+hydra.job.env_set.LRA_TEST=1"],  # Hydra's own config
     ["++trainer.max_steps=3"],  # `++` of a key that exists: an override
 ]

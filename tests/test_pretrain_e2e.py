@@ -11,6 +11,7 @@ from lra_bench.record.identity import config_identity, fingerprint
 from tests.conftest import (
     TINY_LISTOPS,
     checkpoint_step,
+    fault,
     kill_at_checkpoint,
     max_weight_difference,
     run_cli,
@@ -72,7 +73,7 @@ def test_sigkill_in_either_stage_then_same_command_matches_an_uninterrupted_run(
 ) -> None:
     root, reference = straight
     name = f"killed-{stage}"
-    args = [*SPT_ARGS, f"run_name={name}", "+fault.step_sleep_s=0.4"]  # slow steps: time to kill
+    args = [*SPT_ARGS, f"run_name={name}", *fault(step_sleep_s=0.4)]  # slow steps: time to kill
     job = root / "outputs" / "listops" / "full" / name
     last = job / stage / "checkpoints" / "last.ckpt"
     kill_at_checkpoint(args, root, last, kill_at, root / f"{name}-first-attempt.log", timeout_s=400)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lra_bench.run.progress import progress_mode
-from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli
 
 ARGS = [
     *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "callbacks.progress_bar"))],
@@ -55,7 +55,7 @@ def test_without_a_terminal_status_lines_and_run_log_holds_the_run(tmp_path: Pat
     assert failed.returncode == 2
     log = (tmp_path / "outputs" / "listops" / "full" / "q" / "run.log").read_text()
     assert "error: ListOps files basic_{train,val,test}.tsv not found" in log  # the error is in the run's log
-    crashed = run_cli([*ARGS, "run_name=n", "+fault.nan_loss_at_step=2"], tmp_path, check=False)
+    crashed = run_cli([*ARGS, "run_name=n", *fault(nan_loss_at_step=2)], tmp_path, check=False)
     assert crashed.returncode != 0
     log = (tmp_path / "outputs" / "listops" / "full" / "n" / "run.log").read_text()
     assert "Traceback (most recent call last)" in log and "FloatingPointError: loss is nan at step 1" in log
@@ -84,7 +84,7 @@ def test_in_a_terminal_the_bar_counts_steps_to_max_steps(tmp_path: Path) -> None
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a 160-column terminal
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "COLUMNS": "160", "TERM": "xterm"}
-    cmd = [sys.executable, str(REPO / "run.py"), *ARGS, "callbacks.progress_bar=auto", "+fault.step_sleep_s=0.1"]
+    cmd = [sys.executable, str(REPO / "run.py"), *ARGS, "callbacks.progress_bar=auto", *fault(step_sleep_s=0.1)]
     cmd += [f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=secondary, stdout=secondary, stderr=secondary)
     os.close(secondary)
@@ -110,7 +110,7 @@ def test_the_run_projects_its_whole_schedule_evaluations_included(tmp_path: Path
     an evaluation, timed apart (a steps-only ETA leaves out a third of a faithful LRA schedule)."""
     args = [a for a in ARGS if not a.startswith("trainer.val_check_interval")]
     proc = run_cli(
-        [*args, "trainer.val_check_interval=4", "callbacks.progress_bar=status", "+fault.step_sleep_s=0.05"], tmp_path
+        [*args, "trainer.val_check_interval=4", "callbacks.progress_bar=status", *fault(step_sleep_s=0.05)], tmp_path
     )
     found = re.findall(
         r"projected: [\d:]+ to the end of the schedule \((\d+) steps × ([\d.]+) s \+ (\d+) evaluations", proc.stdout

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli
 from tests.test_progress import _read_pty
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -52,7 +52,7 @@ def _in_a_terminal(args: list[str], tmp_path: Path) -> tuple[int, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_run_in_a_terminal_shows_what_a_person_reads(tmp_path: Path) -> None:
-    rc, screen = _in_a_terminal([*ARGS, "callbacks.progress_bar=auto", "+fault.step_sleep_s=0.1"], tmp_path)
+    rc, screen = _in_a_terminal([*ARGS, "callbacks.progress_bar=auto", *fault(step_sleep_s=0.1)], tmp_path)
     assert rc == 0, screen[-3000:]
     text = ANSI.sub("", screen)  # rich and wandb colour their words
     shown = [noise for noise in NOISE if noise in text]

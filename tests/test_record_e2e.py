@@ -30,7 +30,7 @@ import torch
 
 from lra_bench.record.predictions import load_predictions
 from lra_bench.record.results import read_record
-from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli
 from tests.oracle import oracle
 
 # GPA: its codebook is selector state held in buffers (item 1: it must come back with the weights)
@@ -226,7 +226,7 @@ def test_resume_with_changed_code_warns_and_records_both_versions(tmp_path: Path
             timeout=600,
         )
 
-    first = run("+fault.nan_loss_at_step=5")  # stops in step 5: last.ckpt at step 4, status failed
+    first = run(*fault(nan_loss_at_step=5))  # stops in step 5: last.ckpt at step 4, status failed
     assert first.returncode != 0 and "loss is nan" in first.stderr
     with open(repo / "README.md", "a") as fh:
         fh.write("\nedited between the segments\n")
@@ -269,7 +269,7 @@ def test_rerunning_a_completed_run_leaves_its_record_byte_identical(trained: dic
 @pytest.mark.timeout(900)
 def test_a_resumed_run_merges_the_efficiency_of_its_segments(tmp_path: Path) -> None:
     args = [*ARGS, "trainer.max_steps=6", "run_name=segments"]
-    failed = run_cli([*args, "+fault.nan_loss_at_step=5"], tmp_path, check=False)  # segment 1: steps 1-4
+    failed = run_cli([*args, *fault(nan_loss_at_step=5)], tmp_path, check=False)  # segment 1: steps 1-4
     assert failed.returncode != 0
     out = tmp_path / "outputs" / "listops" / "gpa" / "segments"
     first = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
@@ -307,7 +307,7 @@ def test_a_batch_larger_than_the_train_split_is_refused(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_completed_only_when_the_planned_steps_ran(tmp_path: Path) -> None:
     proc = run_cli(  # Lightning's max_time ends fit() early without an exception
-        [*ARGS, "trainer.max_steps=40", "+trainer.max_time={seconds:4}", "+fault.step_sleep_s=0.5", "run_name=t"],
+        [*ARGS, "trainer.max_steps=40", "+trainer.max_time={seconds:4}", *fault(step_sleep_s=0.5), "run_name=t"],
         tmp_path,
         check=False,
     )

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf, open_dict
 from lra_bench.leaderboard import build_leaderboard
 from lra_bench.leaderboard.sweep_callback import LeaderboardCallback
 from lra_bench.record import results
-from tests.conftest import compose
+from tests.conftest import compose, fault
 
 # The modules this issue added are imported inside the tests, so each test fails on its own (not the whole file at
 # collection) against code without them.
@@ -33,7 +33,7 @@ DATA = {"data.source": "/data/lra_release/listops-1000", "data.cache_key": "v1-0
     "overrides",
     [
         ["attn=nystrom", "attn.num_landmarks=8", "seed=1", "optim.lr=1e-3"],
-        ["attn=gpa", "+fault.step_sleep_s=0.4", "model.dim=16", "trainer.max_steps=-1"],
+        ["attn=gpa", *fault(step_sleep_s=0.4), "model.dim=16", "trainer.max_steps=-1"],
         ["experiment=demo", "attn=full", "data.eval_batch_size=null"],
         ["attn=full", "optim.betas=[0.9,0.98]", "+trainer.max_time={seconds:4}"],  # `,` `:` `{` in values
     ],
@@ -115,6 +115,18 @@ def _identity_of(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 # -- item 5: off-protocol ---------------------------------------------------------------------------------------
 def _identity(overrides: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     return _identity_of(compose(overrides))
+
+
+def test_trainer_precision_is_part_of_the_fingerprint() -> None:
+    """Two runs that differ only in `trainer.precision` (fp32 vs bf16 autocast: other numbers) are two
+    experiments: the key is in the identity, the fingerprints differ, and it is the one key that differs."""
+    from lra_bench.record.identity import differing_keys, fingerprint
+
+    _, fp32 = _identity(["attn=nystrom", "trainer.precision=32-true"])
+    _, bf16 = _identity(["attn=nystrom", "trainer.precision=bf16-mixed"])
+    assert fp32["trainer.precision"] == "32-true" and bf16["trainer.precision"] == "bf16-mixed"
+    assert fingerprint(fp32) != fingerprint(bf16)
+    assert differing_keys([fp32, bf16]) == ["trainer.precision"]
 
 
 @pytest.mark.parametrize(

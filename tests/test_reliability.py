@@ -17,7 +17,7 @@ import torch
 from lra_bench.config.validate import ConfigError
 from lra_bench.record import results
 from lra_bench.run import checkpointing
-from tests.conftest import REPO, TINY_LISTOPS, compose, run_cli
+from tests.conftest import REPO, TINY_LISTOPS, compose, fault, run_cli
 
 SMALL = [
     *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval"))],
@@ -43,12 +43,12 @@ def _finite(path: Path) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("fault", "message"),
+    ("knob", "message"),
     [("nan_loss_at_step", "loss is nan at step 4"), ("nan_grad_at_step", "parameters became non-finite")],
 )
-def test_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path: Path, fault: str, message: str) -> None:
+def test_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path: Path, knob: str, message: str) -> None:
     with pytest.raises(FloatingPointError, match=message):
-        _train(tmp_path, f"+fault.{fault}=5")
+        _train(tmp_path, *fault(**{knob: 5}))
     record = results.read_record(tmp_path / "run" / results.FILENAME)
     assert record["status"] == "failed" and "FloatingPointError" in record["error"] and message in record["error"]
     ckpts = sorted((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
@@ -118,7 +118,7 @@ class _Unsafe:
 
 def test_every_load_is_weights_only_and_our_checkpoints_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(FloatingPointError):  # stops after step 4 (last.ckpt at 4): the same experiment resumes
-        _train(tmp_path, "+fault.nan_loss_at_step=5")
+        _train(tmp_path, *fault(nan_loss_at_step=5))
     calls: list[object] = []
     real_load = torch.load
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from lra_bench import reproduce, reproductions
-from tests.conftest import REPO, write_listops
+from lra_bench.stats.power import seeds_per_arm
+from tests.conftest import REPO, fault, write_listops
 
 COMMITTED = sorted(p for p in (REPO / "reproductions").glob("*/*/*/seed-*/results.json"))
 
@@ -65,7 +66,7 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
         "task.seq_len=128",
         "task.max_length=120",
         "data.batch_size=8",
-        "+fault.step_sleep_s=0.3",
+        *fault(step_sleep_s=0.3),
     ]
     args = [
         sys.executable,
@@ -111,3 +112,22 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
     page = reproductions.render(tmp_path / "evidence")
     assert "| nystrom | 37.15 | — | 0 / 0 | not run yet |" in page  # an off-protocol trial never stands beside it
     assert "| nystromformer/listops/nystrom/seed-0 | completed | 24/24 |" in page and "| **no** |" in page
+
+
+def _completed(attn: str, seed: int, test_acc: float) -> reproductions.Run:
+    record = {"status": "completed", "metrics": {"test_acc": test_acc}}
+    return reproductions.Run("p", "listops", attn, seed, record, Path(f"seed-{seed}"))
+
+
+def test_the_page_says_how_many_seeds_a_one_point_difference_needs() -> None:
+    """From the pooled seed sd of both methods (here 1 pp in each), the t-test's sample size (G*Power: d = 1 → 17);
+    with fewer than 2 seeds of either, it says the spread is not measured yet."""
+    gpa = [_completed("gpa", s, a) for s, a in enumerate((0.36, 0.37, 0.38))]
+    nystrom = [_completed("nystrom", s, a) for s, a in enumerate((0.365, 0.375))]
+    nystrom_sd = float(np.std([36.5, 37.5], ddof=1))
+    line = reproductions.seeds_needed(gpa, nystrom, "gpa", "nystrom")
+    pooled = ((2 * 1.0**2 + 1 * nystrom_sd**2) / 3) ** 0.5
+    assert f"pooled seed sd {pooled:.2f} pp" in line
+    assert f"{seeds_per_arm(1.0, pooled)} seeds per method" in line
+    line = reproductions.seeds_needed(gpa, nystrom[:1], "gpa", "nystrom")
+    assert "unknown until each method has 2 completed seeds" in line and "now 3 and 1" in line

@@ -19,6 +19,7 @@ from tasks.base import ResumableSampler
 from tests.conftest import (
     TINY_LISTOPS,
     checkpoint_step,
+    fault,
     kill_at_checkpoint,
     max_weight_difference,
     run_cli,
@@ -115,7 +116,7 @@ def test_sigkill_then_same_command_matches_an_uninterrupted_run(
     root, reference = straight_run
     base = root / "outputs" / "listops" / "nystrom"
     name = f"killed{kill_at}"
-    killed_args = [*RESUME_ARGS, f"run_name={name}", "+fault.step_sleep_s=0.4"]  # slow steps: time to kill
+    killed_args = [*RESUME_ARGS, f"run_name={name}", *fault(step_sleep_s=0.4)]  # slow steps: time to kill
     killed = base / name
     last = killed / "checkpoints" / "last.ckpt"
     proc = kill_at_checkpoint(killed_args, root, last, kill_at, root / f"{name}-first-attempt.log")

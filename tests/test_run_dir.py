@@ -8,19 +8,17 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from lra_bench.record import results
-from tests.conftest import REPO, TINY_LISTOPS, run_cli, start_run, wait_until
+from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli, small_tmpfs, start_run, wait_until
 
 ARGS = [
     *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps",))],
@@ -50,7 +48,7 @@ def _files(root: Path) -> dict[str, tuple[int, bytes]]:
 @pytest.mark.timeout(600)
 def test_a_second_process_on_a_live_run_dir_refuses_naming_the_holder(tmp_path: Path) -> None:
     base = [*ARGS, f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
-    args = [*base, "trainer.max_steps=40", "+fault.step_sleep_s=0.3"]
+    args = [*base, "trainer.max_steps=40", *fault(step_sleep_s=1.0)]  # ≥ 38 s left: time for the second start
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     out = _run_dir(tmp_path / "outputs")
     first = start_run(args, env)
@@ -75,20 +73,6 @@ def test_a_second_process_on_a_live_run_dir_refuses_naming_the_holder(tmp_path: 
 
 
 # -- a full disk -----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode(errors='replace').strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=False)
-
-
 def _limit_file_size(limit: int):
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # Python ignores SIGXFSZ: writes get EFBIG
@@ -119,7 +103,7 @@ def test_a_full_disk_fails_the_run_honestly_and_leaves_nothing_that_blocks_the_n
     args = [*ARGS, "trainer.max_steps=4", f"data_dir={data}", f"output_root={outputs}"]
     with contextlib.ExitStack() as stack:
         if full == "tmpfs":  # room for the configs and the record, not for a 130 kB checkpoint: ENOSPC
-            stack.enter_context(_tmpfs(outputs, "96k"))
+            stack.enter_context(small_tmpfs(outputs, "96k"))
             proc = _run(args)
         else:  # any file past 64 kB: EFBIG (the data is cached already, the checkpoint is 130 kB)
             proc = _run(args, preexec_fn=_limit_file_size(65536))

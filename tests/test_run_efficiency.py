@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lra_bench.record import results
-from tests.conftest import TINY_LISTOPS, kill_at_checkpoint, run_cli, run_record
+from tests.conftest import TINY_LISTOPS, fault, kill_at_checkpoint, run_cli, run_record
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def test_sweep_jobs_record_their_own_peak_memory_whatever_the_launch_order(tmp_p
 @pytest.mark.timeout(900)
 def test_speed_spread_and_load_are_recorded_and_merged_over_a_resumed_runs_segments(tmp_path: Path) -> None:
     args = [*TINY_LISTOPS, "attn=full", "trainer.max_steps=8", "trainer.val_check_interval=4", "run_name=eff"]
-    args += ["diagnostics.enabled=false", "+fault.step_sleep_s=0.3"]  # slow steps: time to kill at step 4
+    args += ["diagnostics.enabled=false", *fault(step_sleep_s=0.3)]  # slow steps: time to kill at step 4
     out = tmp_path / "outputs" / "listops" / "full" / "eff"
     last = out / "checkpoints" / "last.ckpt"
     killed = kill_at_checkpoint(args, tmp_path, last, 4, tmp_path / "killed.log")

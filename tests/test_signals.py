@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from lra_bench.record import results
-from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, run_cli, start_run, wait_until
+from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, fault, run_cli, start_run, wait_until
 from tests.wandb_log import history_steps, run_ids
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ ARGS = [
     f"trainer.max_steps={MAX_STEPS}",
     f"trainer.val_check_interval={VAL_EVERY}",  # last.ckpt after the validation at 10; the next at 20
     "trainer.log_every_n_steps=1",  # a W&B call in every step
-    "+fault.step_sleep_s=0.3",
+    *fault(step_sleep_s=0.3),
     "diagnostics.enabled=false",
     "run_name=sig",
 ]

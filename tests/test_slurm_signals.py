@@ -21,7 +21,7 @@ import pytest
 from lra_bench.record import results
 from lra_bench.run.train import build_datamodule
 from tests import conftest_slurm
-from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, compose, start_run
+from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, compose, fault, start_run
 from tests.wandb_log import history_steps, run_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -64,7 +64,7 @@ def test_scontrol_requeue_saves_at_the_signal_and_resumes_from_that_step(
         f"trainer.max_steps={MAX_STEPS}",
         f"trainer.val_check_interval={VAL_EVERY}",
         "trainer.log_every_n_steps=1",  # a W&B call in every step: the service's death cannot go unnoticed
-        "+fault.step_sleep_s=0.5",
+        *fault(step_sleep_s=0.5),
         "logger=default",  # CSV + W&B offline, the default
         "hydra/launcher=slurm",  # no partition, no GPU override: the example config on a CPU-only partition
         *_example_local_config(tmp_path),

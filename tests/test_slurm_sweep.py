@@ -26,7 +26,7 @@ import pytest
 from lra_bench.record import results
 from lra_bench.run.train import build_datamodule
 from tests import conftest_slurm
-from tests.conftest import TINY_LISTOPS, checkpoint_step, compose, start_run
+from tests.conftest import TINY_LISTOPS, checkpoint_step, compose, fault, start_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -119,7 +119,7 @@ def test_slurm_sweep_requeue_resume_and_failure(local_slurm, tmp_path: Path, mon
         f"trainer.max_steps={MAX_STEPS}",
         "trainer.val_check_interval=8",
         "callbacks.checkpoint_every_n_steps=3",
-        "+fault.step_sleep_s=0.5",  # slow steps, so the signals land mid-training
+        *fault(step_sleep_s=0.5),  # slow steps, so the signals land mid-training
         "logger=default",  # CSV + W&B offline: the W&B run must continue after a requeue
         "hydra/launcher=slurm",
         "hydra.launcher.partition=debug",

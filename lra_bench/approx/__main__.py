@@ -12,7 +12,10 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from lra_bench.config.plain import plain_dict
 
 log = logging.getLogger("lra_bench.approx")
 
@@ -84,8 +87,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    settings = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    assert isinstance(settings, dict)
+    settings = plain_dict(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]))
     try:
         methods = build_methods(settings, {"seed": int((settings["seeds"] or [0])[0])})
     except ValueError as err:  # e.g. an unknown solve: one line naming the setting
@@ -139,7 +141,7 @@ def main(cfg: DictConfig) -> None:
         run(cfg, Path(HydraConfig.get().runtime.output_dir))
     except StudyInputError as err:
         print(f"error: {err}", file=sys.stderr)
-        if HydraConfig.get().mode.name == "RUN":
+        if HydraConfig.get().mode == RunMode.RUN:
             sys.exit(2)
         raise
 

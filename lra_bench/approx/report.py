@@ -92,15 +92,15 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
         beta = summ.get("block_coherence", {})
         body = []
         for solve, v in kv["per_solve"].items():
-            by = defaultdict(dict)
+            by: dict[str, dict[Any, Any]] = defaultdict(dict)
             for r in v["per_m"]:
                 by[r["source"]][r["m"]] = r
-            for src, cells in by.items():
+            for src, per_m in by.items():
                 body.append(
                     [
                         f"`{src}`",
                         solve,
-                        *[_reduction_cell(cells.get(m)) for m in ms],
+                        *[_reduction_cell(per_m.get(m)) for m in ms],
                         "—" if beta.get(src) is None else f"{beta[src]:.2f}",
                     ]
                 )
@@ -195,7 +195,7 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     if not errs:
         out.append("None.")
     else:
-        seen = {}
+        seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for r in errs:
             seen.setdefault((r["label"], r.get("error") or r.get("status")), []).append(r)
         out += _table(

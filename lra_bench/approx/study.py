@@ -32,6 +32,7 @@ import torch
 
 from lra_bench.approx.capture import Instance
 from lra_bench.diagnostics import metrics as dg
+from models.attention.base import Attention
 
 
 @dataclass
@@ -92,7 +93,7 @@ def _with_seed(params: dict[str, Any], seed: int) -> dict[str, Any]:
     return {**params, "seed": seed} if "seed" in params else dict(params)
 
 
-def build(method: Method, n: int, d: int, m: int | None, seed: int) -> torch.nn.Module:
+def build(method: Method, n: int, d: int, m: int | None, seed: int) -> Attention:
     from lra_bench.registry import build_attention, build_selector
 
     params = _with_seed(method.attn_params, seed)

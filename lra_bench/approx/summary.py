@@ -248,8 +248,16 @@ def block_coherence_by_source(inputs: list[dict[str, Any]]) -> dict[str, float |
     return {s: (sum(v) / len(v) if v else None) for s, v in acc.items()}
 
 
+def ratio_text(ratio: float) -> str:
+    """A pooled error/floor ratio with three significant figures (`1.72×`, `56.9×`, `6.77e+08×`): a ratio of sums
+    of measured errors supports no more, and the former two decimals printed `676682359.81×` as a finding."""
+    return f"{ratio:.3g}×"
+
+
 def _brackets(beside: dict[tuple[str, str], float], method: str) -> str:
-    got = [f"{solve} {beside[(method, solve)]:.2f}×" for solve in (SECONDARY, ORACLE) if (method, solve) in beside]
+    got = [
+        f"{solve} {ratio_text(beside[(method, solve)])}" for solve in (SECONDARY, ORACLE) if (method, solve) in beside
+    ]
     return f" ({'; '.join(got)})" if got else ""
 
 
@@ -269,7 +277,8 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
         )
     if not table:
         return {"claim": "floor_ratio", "verdict": "not measured", "rows": []}
-    parts, best = [], defaultdict(int)
+    parts: list[str] = []
+    best: defaultdict[str, int] = defaultdict(int)
     for source in dict.fromkeys(t["source"] for t in table):
         cells = [t for t in table if t["source"] == source and t["pooled_ratio"] is not None]
         flagged = sum(t["flagged"] for t in table if t["source"] == source)
@@ -287,7 +296,9 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
             if t["solve"] in (SECONDARY, ORACLE) and not t["method"].startswith("attn:")
         }
 
-        text = ", ".join(f"{t['method']} {t['pooled_ratio']:.2f}×{_brackets(beside, t['method'])}" for t in primary)
+        text = ", ".join(
+            f"{t['method']} {ratio_text(t['pooled_ratio'])}{_brackets(beside, t['method'])}" for t in primary
+        )
         note = (
             f"; {flagged}/{total} evaluations with a floor below {FLOOR_FLAG:.0%} of ‖A‖_F left out" if flagged else ""
         )
@@ -321,7 +332,7 @@ def verdict_rank(inputs: list[dict[str, Any]], d_model: int | None = None) -> di
     for source, kernels in acc.items():
         n_mean = sum(ns[source]) / len(ns[source])
         d = ds[source]
-        row = {
+        row: dict[str, Any] = {
             "source": source,
             "n": n_mean,
             "d": d,
@@ -440,7 +451,7 @@ def verdict_solves(agg: list[dict[str, Any]]) -> dict[str, Any]:
             acc[(a["source"], a["solve"])][1] += a["count"]
     if not acc:
         return {"claim": "solves", "verdict": "not measured", "rows": []}
-    rows = [{"source": s, "solve": v, "worse": w, "total": t} for (s, v), (w, t) in acc.items()]
+    rows: list[dict[str, Any]] = [{"source": s, "solve": v, "worse": w, "total": t} for (s, v), (w, t) in acc.items()]
     parts = []
     for source in dict.fromkeys(r["source"] for r in rows):
         cells = {r["solve"]: r for r in rows if r["source"] == source}

@@ -112,7 +112,9 @@ def generate(name: str, spec: dict[str, Any], n: int, d: int, seed: int) -> tupl
     raise ValueError(f"approx source kind={kind!r}: expected geometric, algebraic, clusters or planted_rank")
 
 
-def covered_instances(n: int, d: int, logit_std: float, seed: int) -> list[tuple[str, torch.Tensor, ...]]:
+def covered_instances(
+    n: int, d: int, logit_std: float, seed: int
+) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Inputs whose softmax attention A is determined exactly by a few landmark tokens: (name, q, k, indices).
 
     * `clusters`: 16 planted clusters of *identical* tokens (no noise; Zipf sizes, shuffled) — A has 16

@@ -18,6 +18,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.config.plain import plain_dict
+
 log = logging.getLogger("lra_bench.bench")
 
 MEMORY_NOTE = {
@@ -78,8 +80,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     for row in rows:
         if row.get("achieved_flops_per_s"):
             row["rate_fraction"] = row["achieved_flops_per_s"] / yardstick
-    settings = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    assert isinstance(settings, dict)
+    settings = plain_dict(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]))
     data: dict[str, Any] = {
         "schema_version": 1,
         "app": "lra_bench.bench",

@@ -40,6 +40,9 @@ def matmul_rate(device: torch.device, size: int | str = "auto", repeats: int = 1
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     stats = summarize(times)
+    median, fastest = stats["median"], stats["min"]
+    if median is None or fastest is None:
+        raise ValueError(f"matmul yardstick: repeats={repeats}, so nothing was timed (need ≥ 1)")
     flops = 2.0 * size**3
     return {
         "size": size,
@@ -47,8 +50,8 @@ def matmul_rate(device: torch.device, size: int | str = "auto", repeats: int = 1
         "flops": flops,
         "time_median_s": stats["median"],
         "time_iqr_s": stats["iqr"],
-        "flops_per_s": flops / stats["median"],
-        "flops_per_s_best": flops / stats["min"],
+        "flops_per_s": flops / median,
+        "flops_per_s_best": flops / fastest,
     }
 
 

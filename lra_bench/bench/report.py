@@ -157,6 +157,10 @@ def targets(rows: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, 
     return out
 
 
+#: how many unmeasured configurations a target's detail names one by one (more: a count)
+MISSING_NAMED = 5
+
+
 def _verdict(name: str, threshold: str, got: dict[str, float | None], passes: Any, fmt: str) -> dict[str, Any]:
     measured = {k: v for k, v in got.items() if v is not None}
     missing = sorted(k for k, v in got.items() if v is None)
@@ -173,7 +177,11 @@ def _verdict(name: str, threshold: str, got: dict[str, float | None], passes: An
     passing = sorted(k for k in measured if k not in failing)
     if passing:
         detail.append("met by " + ", ".join(f"{k} ({fmt.format(measured[k])})" for k in passing))
-    if missing:
+    if missing and not measured:
+        detail.append(f"none of the {len(missing)} configurations ran at this length")
+    elif len(missing) > MISSING_NAMED:
+        detail.append(f"not measured for {len(missing)} configurations (listed in bench.json: `summary.targets`)")
+    elif missing:
         detail.append("not measured: " + ", ".join(missing))
     return {
         "target": name,
@@ -320,7 +328,7 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
                     "(per-sequence k-means++ and Lloyd to convergence at every call)."
                 )
             out.append("")
-            by = defaultdict(dict)
+            by: dict[str, dict[int, float]] = defaultdict(dict)
             for x in pr:
                 by[f"`{x['num']}` / `{x['den']}`"][x["n"]] = x["ratio"]
             out += _table(

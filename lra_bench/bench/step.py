@@ -42,6 +42,8 @@ if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle th
 import torch
 import torch.nn.functional as F
 
+from lra_bench.config.plain import plain_dict
+
 
 @dataclass
 class StepTiming:
@@ -76,7 +78,6 @@ def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> An
 
 
 def faithful_network(cfg: Any) -> torch.nn.Module:
-    from omegaconf import OmegaConf
 
     from lra_bench.run.build import build_network, selector_node
 
@@ -85,8 +86,8 @@ def faithful_network(cfg: Any) -> torch.nn.Module:
         seq_len=int(cfg.task.seq_len),
         num_classes=int(cfg.task.num_classes),
         dual=bool(cfg.task.dual),
-        model=OmegaConf.to_container(cfg.model, resolve=True),
-        attn=OmegaConf.to_container(cfg.attn, resolve=True),
+        model=plain_dict(cfg.model),
+        attn=plain_dict(cfg.attn),
         selector=selector_node(cfg),
     )
 
@@ -161,9 +162,11 @@ def time_protocol(
     eval_batches: int = 3,
     rate: float | None = None,
     device: torch.device | None = None,
+    dropout: str = "packed",
 ) -> StepTiming:
     """Time the faithful training step and an evaluation batch of `attn` on `task` under `protocol` (see the
-    module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`)."""
+    module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`); `dropout="native"`
+    swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from lra_bench.bench.machine import matmul_rate
@@ -173,8 +176,15 @@ def time_protocol(
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
     model = faithful_network(cfg).to(device)
+    if dropout == "native":
+        from models.dropout import Dropout
+
+        for module in model.modules():
+            if isinstance(module, Dropout):
+                module.__class__ = torch.nn.Dropout
     optim = adamw_with_schedule(model.parameters(), dict(cfg.optim), int(cfg.trainer.max_steps))
-    optimizer, scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
+    optimizer, schedule = optim["optimizer"], optim["lr_scheduler"]
+    scheduler = schedule["scheduler"] if isinstance(schedule, dict) else schedule
     precision = str(cfg.trainer.get("precision", "32-true"))
     batch_size = int(cfg.data.batch_size)
     gen = torch.Generator().manual_seed(0)
@@ -223,7 +233,7 @@ def time_protocol(
     evaluations = max_steps // int(cfg.trainer.val_check_interval)
     val_batches = int(cfg.trainer.limit_val_batches)
     return StepTiming(
-        attn=attn,
+        attn=attn if dropout == "packed" else f"{attn} ({dropout} dropout)",
         task=task,
         protocol=protocol,
         precision=precision,
@@ -284,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: as a run picks them)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--precisions", nargs="+", default=["32-true"], help="e.g. 32-true bf16-mixed")
+    parser.add_argument(
+        "--dropout", nargs="+", default=["packed"], choices=["packed", "native"], help="native: torch's nn.Dropout"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here (results_doc --step)")
     parser.add_argument("--title", default=None, help="what the measurement is (the machine's state): for the doc")
     parser.add_argument("overrides", nargs="*", help="config overrides (any change makes the timing off-protocol)")
@@ -304,9 +317,11 @@ def main(argv: list[str] | None = None) -> None:
             args.warmup,
             rate=rate,
             device=device,
+            dropout=d,
         )
         for a in args.attn
         for p in args.precisions
+        for d in args.dropout
     ]
     conditions = (
         f"{args.task}, protocol {args.protocol}, on {device} — fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, "

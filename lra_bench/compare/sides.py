@@ -185,7 +185,7 @@ def _usable(record: Mapping[str, Any], include_evaluated: bool) -> str | None:
 
 def _check_accuracy(name: str, record: Mapping[str, Any]) -> None:
     """Refuse a record whose test accuracy is not a number (see the module)."""
-    value = (record.get("metrics") or {}).get("test_acc")
+    value: Any = (record.get("metrics") or {}).get("test_acc")
     try:
         ok = math.isfinite(float(value)) and 0.0 <= float(value) <= 1.0
     except (TypeError, ValueError):
@@ -212,7 +212,8 @@ def collect(name: str, spec: str, search_dirs: Sequence[Path], include_evaluated
         raise CompareError(f"{name}={spec!r}: no such file or directory, and not a selector (key=value[,key=value])")
     records, unreadable = load_records(find_results(roots))
     notes = [f"unreadable: {u['path']} ({u['reason']})" for u in unreadable]
-    picked, skipped = [], defaultdict(int)
+    picked: list[dict[str, Any]] = []
+    skipped: defaultdict[str, int] = defaultdict(int)
     for record in records:
         identity = identity_of(record)
         if conditions and not matches(record, identity, conditions):

@@ -12,7 +12,7 @@ torch), and checks the paths the run will write. A multirun's jobs are composed 
 A key added with `+` goes where no schema looks: Hydra suggests `+trainer.max_step=5` for a misspelt key, and the run
 then generated its data for minutes before `pl.Trainer` refused the argument. So a `+` (or `++`) key under a node the
 config already has is refused with a "did you mean" unless it is one of the open places where the tree takes new
-keys (`check_added_keys`); a new top-level key (`+fault.step_sleep_s=…`) and Hydra's own config are left alone.
+keys (`check_added_keys`); a new top-level key (`+notes.owner=…`) and Hydra's own config are left alone.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.config.compose import compose_config, one_line
+from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import ConfigError, check_dir_path, check_paths, check_writable
 
 EXIT_BAD_INPUT = 2
@@ -57,7 +58,7 @@ def _suggestion(key: str, candidates: Any) -> str:
 def added_key_problem(tree: dict[str, Any], key: str) -> str | None:
     """Why `+key` would add nothing the harness reads (None when it is fine), `tree` the config without the `+` keys.
 
-    Open places: a new top-level key (`+fault.…`) and Hydra's own config; a new callback node under `callbacks`
+    Open places: a new top-level key (`+notes.…`) and Hydra's own config; a new callback node under `callbacks`
     (a `_target_` node: `validate.callback_nodes` checks it) and the arguments of any `_target_` node;
     `spt.pretrain.<key>`, which overrides the run's own `<key>` for the pretraining stage (checked as that key);
     `trainer.<argument>` for any `pl.Trainer` argument. Anywhere else a missing key is a typo or a knob that
@@ -90,8 +91,7 @@ def check_added_keys(overrides: Sequence[Any], config_name: str) -> None:
     if not added:
         return
     rest = [o.input_line for o in overrides if o not in added and not o.is_sweep_override()]
-    tree = OmegaConf.to_container(compose_config(rest, config_name=config_name), resolve=False)
-    assert isinstance(tree, dict)
+    tree = plain_dict(compose_config(rest, config_name=config_name), resolve=False)
     for o in added:
         problem = added_key_problem(tree, str(o.key_or_group))
         if problem is not None:
@@ -122,12 +122,12 @@ def preflight(
     name = args.config_name or config_name
     try:
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
-        plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+        plain = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
         has_sweep = len(plain) < len(parsed)
         for o in parsed:
             key = o.get_key_element()
             if o.is_sweep_override() and key.startswith("hydra.sweeper.params."):
-                instead = o.input_line.removeprefix("hydra.sweeper.params.")
+                instead = str(o.input_line).removeprefix("hydra.sweeper.params.")
                 raise ConfigError(
                     f"{o.input_line}: Hydra cannot sweep over its own config; write {instead} (the command line's "
                     "values replace the sweep's own list for that key)"
@@ -145,7 +145,7 @@ def preflight(
             return
         check_paths(cfg)  # before the run dir: name the key the user set (output_root=, data_dir=, …)
         if check is not None:
-            check(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+            check(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]))
         run_dir = Path(str(OmegaConf.select(cfg, output_key)))
         check_writable(run_dir, key=output_key)
         if os.environ.get("LOCAL_RANK", "0") == "0":  # (DDP ranks > 0 run inside rank 0's launch, and its lock)

@@ -6,6 +6,7 @@ Each failure is one `ConfigError` line naming the key, the value, and what would
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -39,7 +40,7 @@ def _device_count(devices: object) -> int | None:
     if isinstance(devices, str) and devices.isdigit():
         return int(devices)
     if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
-        return len(devices)  # type: ignore[arg-type]
+        return len(devices)
     return None  # "auto", -1: known only at run time
 
 
@@ -233,6 +234,7 @@ RULES: dict[str, Rule] = {
     "callbacks.status_every_s": number(0.0),
     "task.max_length": integer(1),
     "task.seq_len": integer(1),
+    "attn.window": integer(1),  # attn=local: tokens on each side (checked here so a 0 is one line, not a traceback)
 }
 
 
@@ -348,15 +350,22 @@ def callback_nodes(cfg: DictConfig) -> dict[str, DictConfig]:
 
 def check_callback_targets(cfg: DictConfig) -> None:
     """Each `callbacks.<name>._target_` imports (built later, in `lra_bench.run.user_callbacks`)."""
-    from hydra._internal.utils import _locate
+    from hydra.utils import get_object
 
+    # get_object logs a failed lookup at ERROR (three lines) before it re-raises; the ConfigError below is the one
+    # line the user sees, so Hydra's logger is muted for the lookup.
+    hydra_log = logging.getLogger("hydra.utils")
     for name, node in callback_nodes(cfg).items():
         target = node["_target_"]
+        muted, hydra_log.disabled = hydra_log.disabled, True
         try:
-            _locate(str(target))
+            get_object(str(target))
         except Exception as err:
-            reason = str(err).splitlines()[0]
+            cause = err.__cause__ or err
+            reason = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
             raise ConfigError(f"callbacks.{name}._target_={target}: cannot import it ({reason})") from None
+        finally:
+            hydra_log.disabled = muted
 
 
 def validate(cfg: DictConfig) -> None:

@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from lra_bench.config.plain import plain_dict
+from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
 from lra_bench.record import results
 from lra_bench.run.progress import say
@@ -59,6 +61,7 @@ LOGGED = (
     "coherence",
     "target_residual",
     "target_output_residual",
+    *(f"{key}{suffix}" for key in LOCALITY_KEYS for suffix in ("", "_exact")),
 )
 
 
@@ -102,7 +105,7 @@ def split_lengths(split: Any) -> np.ndarray:
     columns when the split has them (no token ids loaded), else from the rows."""
     table = getattr(split, "table", None)
     names = set(getattr(table, "column_names", None) or ())
-    if "length" in names:
+    if table is not None and "length" in names:
         cols = [np.asarray(table["length"], dtype=np.int64)]
         if "length_2" in names:
             cols.append(np.asarray(table["length_2"], dtype=np.int64))
@@ -153,7 +156,7 @@ def build_probe(datamodule: Any, size: int, max_len: int, scan: int = 512) -> di
 
 class DiagnosticsCallback(pl.Callback):
     def __init__(self, diag_cfg: DictConfig | dict[str, Any], datamodule: Any, record: dict[str, Any]) -> None:
-        cfg = OmegaConf.to_container(diag_cfg, resolve=True) if isinstance(diag_cfg, DictConfig) else dict(diag_cfg)
+        cfg = plain_dict(diag_cfg)
         self.cfg = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k in ("heads", "layers")}}
         self.datamodule, self.record = datamodule, record
         self.validations = 0

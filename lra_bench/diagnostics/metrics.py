@@ -22,6 +22,16 @@ Singular values come from fp64 SVDs (not eigendecompositions of AAᵀ: those los
 which would turn an exact zero floor into noise). Cost at n = 1024: about 2–3 s per sequence and head on
 one CPU core — keep `probe_size`, `max_len`, `layers`, `heads` small on CPU.
 
+Locality (how far attention reaches; Miralles-González et al. 2025, arXiv 2501.14850, argue that most LRA accuracy
+comes from short-range dependencies), for Â and for the exact A alike, positions counted among the real tokens:
+
+* expected token distance  d = (1/n) Σ_i Σ_j w_ij |i − j|  and the mass within w tokens
+  (1/n) Σ_i Σ_{|i−j| ≤ w} w_ij  for w in `LOCALITY_WINDOWS`, with w_ij = |Â_ij| / Σ_j |Â_ij| (rows without weight
+  left out). For a row-stochastic matrix (softmax, local attention) w = Â, so d = Σ_ij Â_ij |i − j| / n; the
+  absolute values and the row normalisation make the same numbers mean "where the operator's weight lies" for
+  approximations whose rows are signed or do not sum to one (Nyström's pseudo-inverse, Performer's features).
+  Uniform attention over n tokens gives d = (n² − 1)/(3n) ≈ n/3; a window of w gives d ≤ w and mass 1 within w.
+
 Block-coherence — **our operational definition** (GPA's paper gives none): cluster the n queries into r
 groups C_1..C_r by k-means (the `kmeans` selector's own core: k-means++ seeding from a fixed seed, Lloyd to
 convergence — deterministic) and let
@@ -41,6 +51,7 @@ import math
 
 import torch
 
+from lra_bench.diagnostics import LOCALITY_KEYS, LOCALITY_WINDOWS
 from models.landmarks.kmeans import KMeansSettings, kmeans_fit
 
 #: the clustering behind block-coherence: the `kmeans` selector's defaults, seeded from `CLUSTER_SEED`
@@ -141,6 +152,29 @@ def leverage_top_share(lev: torch.Tensor, rank: int) -> float | None:
     return float(lev.topk(min(rank, lev.numel())).values.sum()) / total if total > 0 else None
 
 
+def row_weights(a: torch.Tensor) -> torch.Tensor:
+    """|A_ij| / Σ_j |A_ij| in fp64 (rows without weight become zero rows)."""
+    weights = a.double().abs()
+    total = weights.sum(-1, keepdim=True)
+    return torch.where(total > 0, weights / total.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+
+
+def locality(a: torch.Tensor, suffix: str = "") -> dict[str, float | None]:
+    """Expected token distance and the mass within each of `LOCALITY_WINDOWS` of the `[n, n]` operator `a` (see the
+    module docstring), keyed `attn_distance<suffix>`, `mass_within_<w><suffix>`; None when no row has weight."""
+    weights = row_weights(a)
+    rows = weights.sum(-1) > 0
+    keys = [f"{key}{suffix}" for key in LOCALITY_KEYS]
+    if not bool(rows.any()):
+        return dict.fromkeys(keys, None)
+    n = a.shape[-1]
+    positions = torch.arange(n, device=a.device, dtype=torch.float64)
+    distance = (positions[:, None] - positions[None, :]).abs()
+    values = [float((weights * distance).sum(-1)[rows].mean())]
+    values += [float((weights * (distance <= w)).sum(-1)[rows].mean()) for w in LOCALITY_WINDOWS]
+    return dict(zip(keys, values))
+
+
 def head_metrics(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -186,6 +220,7 @@ def head_metrics(
         "block_coherence": block_coherence(lev, query_clusters(q, k_lev)) if leverage_defined else None,
         "leverage_top_share": leverage_top_share(lev, k_lev) if leverage_defined else None,
     }
+    out |= locality(a_hat) | locality(a, suffix="_exact")
     if target is not None:
         out["target_residual"] = matrix_residual(*target)
         out["target_output_residual"] = output_residual(*target, v)
@@ -207,8 +242,16 @@ NOT_SUMMARISED = ("error_abs", "ey_floor_abs", "floor_flagged", "leverage_define
 def pooled_ratio(rows: list[dict[str, float | int | bool | None]]) -> float | None:
     """Σ‖A − Â‖_F / Σ floor over the rows whose floor is not flagged (None when none is left)."""
     kept = [r for r in rows if not r.get("floor_flagged") and r.get("ey_floor_abs")]
-    den = sum(float(r["ey_floor_abs"]) for r in kept)
-    return sum(float(r["error_abs"]) for r in kept) / den if kept and den > 0 else None
+    den = sum(_number(r, "ey_floor_abs") for r in kept)
+    return sum(_number(r, "error_abs") for r in kept) / den if kept and den > 0 else None
+
+
+def _number(row: dict[str, float | int | bool | None], key: str) -> float:
+    """`row[key]` as a float; a row without it is a bug in the caller (a KeyError or TypeError, as before)."""
+    value = row[key]
+    if value is None:
+        raise TypeError(f"{key} is None in {row}")
+    return float(value)
 
 
 def summary_metrics(rows: list[dict[str, float | int | bool | None]]) -> dict[str, float | int | None]:
@@ -217,10 +260,10 @@ def summary_metrics(rows: list[dict[str, float | int | bool | None]]) -> dict[st
     keys = {key for row in rows for key in row if key not in NOT_SUMMARISED}
     out: dict[str, float | int | None] = {}
     for key in sorted(keys):
-        values = [float(row[key]) for row in rows if isinstance(row.get(key), int | float)]
+        values = [float(v) for row in rows if isinstance(v := row.get(key), int | float)]
         out[key] = median(values)
     unflagged = [r for r in rows if not r.get("floor_flagged")]
-    out["ey_ratio"] = median([float(r["ey_ratio"]) for r in unflagged if r.get("ey_ratio") is not None])
+    out["ey_ratio"] = median([float(v) for r in unflagged if (v := r.get("ey_ratio")) is not None])
     out["ey_ratio_pooled"] = pooled_ratio(rows)
     out["floor_flagged"] = sum(bool(r.get("floor_flagged")) for r in rows)
     out["leverage_undefined"] = sum(r.get("leverage_defined") is False for r in rows)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
 from lra_bench.record import results
 
 #: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
-GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "pretraining")
-METHOD_KEYS = ("protocol", "attn", "selector", "rank_budget", "pretraining")
+GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "window", "pretraining")
+METHOD_KEYS = ("protocol", "attn", "selector", "rank_budget", "window", "pretraining")
 #: a wide (per-method) row: the method, whether its runs kept the protocol, and the variant that sets it apart
 WIDE_KEYS = (*METHOD_KEYS, "conformance", "variant")
 # Names a task may carry in a record, mapped to the canonical key (configs and older sweeps differ).
@@ -84,6 +86,7 @@ def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict
         record["_path"] = str(path)
         record["task"] = canonical_task(record.get("task"))
         record["pretraining"] = pretraining_of(record)
+        record["window"] = window_of(record)
         records.append(record)
     return records, unreadable
 
@@ -92,6 +95,13 @@ def pretraining_of(record: dict[str, Any]) -> str:
     """How the run's encoder was pretrained (none | mlm | causal): self-pretrained rows never pool with scratch
     rows. Records from before self-pretraining existed say nothing: none."""
     return str(record.get("pretraining") or (record.get("config") or {}).get("pretraining") or "none")
+
+
+def window_of(record: dict[str, Any]) -> int | None:
+    """A local-window run's `attn.window` (None for every other attention): like the rank budget, it says which
+    method a row is — `local (w=16)` and `local (w=64)` are two methods, not two variants of one."""
+    window = experiments.identity_of(record).get("attn.window")
+    return int(window) if isinstance(window, int) and not isinstance(window, bool) else None
 
 
 def is_pretraining_stage(record: dict[str, Any]) -> bool:
@@ -159,31 +169,77 @@ def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    protocol, task, attn, selector, landmarks, pretraining, conformance, fp = key
+    protocol, task, attn, selector, landmarks, window, pretraining, conformance, fp = key
     order = experiments.CONFORMANCE.index(conformance)
-    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), str(pretraining), order, fp)
+    width = window if window is not None else -1  # local windows in increasing order
+    return (str(protocol), task_order(task), str(attn), str(selector), str(landmarks), width, str(pretraining), order,
+            fp)  # fmt: skip
 
 
-def _dedupe_seeds(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One run per seed of one experiment (same fingerprint and seed): the newest completed run wins."""
-    by_seed: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for rec in runs:
+def _runs_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One line per completed training run: its row key (the group keys, conformance, fingerprint), the seed it
+    counts as, and the numbers a row aggregates (accuracies in percent, NaN where a record has none)."""
+    lines = []
+    for rec in records:
+        if rec.get("status") != "completed" or is_evaluation(rec) or is_pretraining_stage(rec):
+            continue
+        metrics = rec.get("metrics") or {}
         seed = rec.get("seed")
-        by_seed[seed if seed is not None else rec["_path"]].append(rec)
-    kept, superseded = [], []
-    for group in by_seed.values():
-        group.sort(key=lambda r: (str((r.get("run") or {}).get("finished_at") or ""), r["_path"]))
-        kept.append(group[-1])
-        superseded += [{"path": r["_path"], "seed": r.get("seed"), "kept": group[-1]["_path"]} for r in group[:-1]]
-    return kept, superseded
+        lines.append(
+            {
+                "key": (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)),
+                "seed_key": seed if seed is not None else rec["_path"],  # a record without a seed is its own
+                "seed_order": str(seed),
+                "finished_at": str((rec.get("run") or {}).get("finished_at") or ""),
+                "path": rec["_path"],
+                "record": rec,
+                "test": as_percent(metrics.get("test_acc")),
+                "val": as_percent(metrics.get("val_acc")),
+                **{key: metrics.get(key) for key in _NUMBERS},
+            }
+        )
+    columns = ["key", "seed_key", "seed_order", "finished_at", "path", "record", "test", "val", *_NUMBERS]
+    frame = pd.DataFrame(lines, columns=columns)
+    numeric = ["test", "val", *_NUMBERS]
+    frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
+    return frame
 
 
-def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample std (ddof=1) over seeds; std is None for a single seed (not 0: it is unknown)."""
-    if not values:
-        return None, None
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) if len(values) > 1 else None)
+#: per-run metrics a row summarises (median step time and throughput, the largest memory and parameter count)
+_NUMBERS = ("step_time_median_s", "tokens_per_s", "peak_memory_mib", "params")
+
+
+def _dedupe_seeds(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """One run per seed of one experiment (same fingerprint and seed): the newest completed run wins."""
+    ordered = runs.sort_values(["finished_at", "path"], kind="stable")
+    kept = ordered.drop_duplicates("seed_key", keep="last")
+    winner = dict(zip(kept["seed_key"], kept["path"]))
+    dropped = ordered[~ordered.index.isin(kept.index)]
+    superseded = [
+        {"path": path, "seed": rec.get("seed"), "kept": winner[seed_key]}
+        for path, rec, seed_key in zip(dropped["path"], dropped["record"], dropped["seed_key"])
+    ]
+    return kept.sort_values(["seed_order", "path"], kind="stable"), superseded
+
+
+def _value(number: float) -> float | None:
+    """A pandas summary as a record value: NaN (no value, or the std of one seed: unknown, not 0) is None."""
+    return None if pd.isna(number) else float(number)
+
+
+#: how far a row's attention reaches (the diagnostics' locality values): the method's and the exact softmax's
+REACH_KEYS = (*LOCALITY_KEYS, *(f"{key}_exact" for key in LOCALITY_KEYS))
+
+
+def _reach(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Median over seeds of each run's diagnostics summary (at its best-validation checkpoint, the one its test
+    accuracy comes from; the latest when none is marked best): None where no run has diagnostics."""
+    summaries = []
+    for rec in runs:
+        diag = rec.get("diagnostics") or {}
+        chosen = diag.get("best") or diag.get("latest") or {}
+        summaries.append(chosen.get("summary") or {})
+    return {key: _median(s.get(key) for s in summaries) for key in REACH_KEYS}
 
 
 def _median(values: Iterable[Any]) -> float | None:
@@ -201,48 +257,40 @@ def _devices(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Completed training runs, one row per experiment (fingerprint except seed) — see `experiments`."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for rec in records:
-        if rec.get("status") == "completed" and not is_evaluation(rec) and not is_pretraining_stage(rec):
-            key = (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec))
-            groups[key].append(rec)
+    """Completed training runs, one row per experiment (fingerprint except seed) — see `experiments`. Means and
+    sample standard deviations (ddof=1) over seeds, medians of the step time and throughput."""
+    groups = {tuple(runs["key"].iloc[0]): runs for _, runs in _runs_frame(records).groupby("key", sort=False)}
     rows, superseded = [], []
     for key in sorted(groups, key=_sort_key):
         runs, dropped = _dedupe_seeds(groups[key])
         superseded += dropped
-        runs.sort(key=lambda r: (str(r.get("seed")), r["_path"]))
-        metrics = [r.get("metrics") or {} for r in runs]
-        test = [v for v in (as_percent(m.get("test_acc")) for m in metrics) if v is not None]
-        val = [v for v in (as_percent(m.get("val_acc")) for m in metrics) if v is not None]
-        test_mean, test_std = _mean_std(test)
-        val_mean, val_std = _mean_std(val)
-        peaks = [m.get("peak_memory_mib") for m in metrics if m.get("peak_memory_mib") is not None]
-        params = [m.get("params") for m in metrics if m.get("params") is not None]
-        step = _median(m.get("step_time_median_s") for m in metrics)
-        seq_lens = {(r.get("data") or {}).get("seq_len") for r in runs}  # the Pareto chart's "same length"
+        kept: list[dict[str, Any]] = list(runs["record"])
+        test, val = runs["test"].dropna(), runs["val"].dropna()
+        step = _value(runs["step_time_median_s"].median())
+        seq_lens = {(r.get("data") or {}).get("seq_len") for r in kept}  # the Pareto chart's "same length"
         rows.append(
             {
                 **dict(zip(GROUP_KEYS, key)),
                 "conformance": key[len(GROUP_KEYS)],
                 "fingerprint": key[len(GROUP_KEYS) + 1],
                 "off_protocol": {"on": False, "off": True}.get(key[len(GROUP_KEYS)]),
-                "deviations": ",".join(sorted({k for r in runs for k in experiments.deviation_keys(r)})),
-                "_identity": experiments.identity_of(runs[0]),
+                "deviations": ",".join(sorted({k for r in kept for k in experiments.deviation_keys(r)})),
+                "_identity": experiments.identity_of(kept[0]),
                 "n": len(test),
-                "test_accs": test,  # per seed, in seed order: what a reproduction verdict needs
-                "n_runs": len(runs),
-                "seeds": ",".join(str(r.get("seed")) for r in runs),
-                "test_acc_mean": test_mean,
-                "test_acc_std": test_std,
-                "val_acc_mean": val_mean,
-                "val_acc_std": val_std,
+                "test_accs": [float(v) for v in test],  # per seed, in seed order: what a reproduction verdict needs
+                "n_runs": len(kept),
+                "seeds": ",".join(str(r.get("seed")) for r in kept),
+                "test_acc_mean": _value(test.mean()),
+                "test_acc_std": _value(test.std(ddof=1)),
+                "val_acc_mean": _value(val.mean()),
+                "val_acc_std": _value(val.std(ddof=1)),
                 "step_time_median_ms": step * 1000.0 if step is not None else None,
-                "tokens_per_s": _median(m.get("tokens_per_s") for m in metrics),
-                "peak_memory_mib": max(float(p) for p in peaks) if peaks else None,
-                "params": max(int(p) for p in params) if params else None,
-                "device": _devices(runs),
+                "tokens_per_s": _value(runs["tokens_per_s"].median()),
+                "peak_memory_mib": _value(runs["peak_memory_mib"].max()),
+                "params": None if pd.isna(most := runs["params"].max()) else int(most),
+                "device": _devices(kept),
                 "seq_len": seq_lens.pop() if len(seq_lens) == 1 else None,
+                **_reach(kept),
             }
         )
     experiments.label_rows(rows, GROUP_KEYS)
@@ -251,12 +299,16 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     return rows, superseded
 
 
-def method_label(attn: Any, selector: Any, rank_budget: Any, variant: str = "", pretraining: Any = "none") -> str:
+def method_label(
+    attn: Any, selector: Any, rank_budget: Any, variant: str = "", pretraining: Any = "none", window: Any = None
+) -> str:
     label = str(attn)
     if selector:
         label += f" / {selector}"
     if rank_budget is not None:
         label += f" (m={rank_budget})"
+    if window is not None:
+        label += f" (w={window})"
     if pretraining not in (None, "none"):
         label += f" + SPT({pretraining})"
     if variant:
@@ -264,19 +316,18 @@ def method_label(attn: Any, selector: Any, rank_budget: Any, variant: str = "", 
     return label
 
 
-def _averages(cells: dict[str, float | None]) -> tuple[float | None, float | None, bool]:
+def _averages(cells: Mapping[str, float | None]) -> tuple[float | None, float | None, bool]:
     """5-task average (LRA convention) and 6-task average with Path-X failed/absent = 50 (S4/Mega).
 
     Both need all five other tasks; the flag says whether Path-X was counted as 50.
     """
-    five = [cells.get(t) for t in FIVE_TASKS]
-    if any(v is None for v in five):
+    five = [score for t in FIVE_TASKS if (score := cells.get(t)) is not None]
+    if len(five) < len(FIVE_TASKS):
         return None, None, False
-    avg5 = statistics.fmean(five)  # type: ignore[arg-type]
     pathx = cells.get("pathx")
     counted_as_fail = pathx is None
-    avg6 = statistics.fmean([*five, PATHX_FAIL_SCORE if pathx is None else pathx])  # type: ignore[list-item]
-    return avg5, avg6, counted_as_fail
+    avg6 = statistics.fmean([*five, PATHX_FAIL_SCORE if pathx is None else pathx])
+    return statistics.fmean(five), avg6, counted_as_fail
 
 
 def _wide_key(row: dict[str, Any], methods: dict[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, ...]:
@@ -316,15 +367,24 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
         entry = methods[key]
         avg5, avg6, pathx_as_fail = _averages(entry["cells"])
         tag = f" ⟨{key[len(WIDE_KEYS)]}⟩" if len(key) > len(WIDE_KEYS) else ""  # a clash split off: its fingerprint
+        named = dict(zip(WIDE_KEYS, key))
         out.append(
             {
                 "kind": "ours",
                 "source": "ours",
-                **dict(zip(WIDE_KEYS, key)),
+                **named,
                 "variant_full": entry.get("full", ""),
-                "off_protocol": {"on": False, "off": True}.get(key[5]),
+                "off_protocol": {"on": False, "off": True}.get(named["conformance"]),
                 "deviations": ",".join(sorted(entry["deviations"])),
-                "method": method_label(key[1], key[2], key[3], key[6], key[4]) + tag,
+                "method": method_label(
+                    named["attn"],
+                    named["selector"],
+                    named["rank_budget"],
+                    named["variant"],
+                    named["pretraining"],
+                    named["window"],
+                )
+                + tag,
                 **{t: entry["cells"].get(t) for t in TASKS},
                 **{f"{t}_std": entry["std"].get(t) for t in TASKS},
                 **{f"{t}_n": entry["n"].get(t) for t in TASKS},
@@ -360,6 +420,7 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
                 "attn": row.attn,
                 "selector": None,
                 "rank_budget": row.rank_budget,
+                "window": None,
                 "method": row.model,
                 **{t: cells.get(t) for t in TASKS},
                 **{f"{t}_std": None for t in TASKS},

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lra_bench.leaderboard import aggregate as data
-from lra_bench.leaderboard import pareto, reproduced, uncertainty, wandb_log
+from lra_bench.leaderboard import locality, pareto, reproduced, uncertainty, wandb_log
 from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
 from lra_bench.leaderboard.wandb_log import log_to_wandb
@@ -29,7 +29,8 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
 
     Returns a dict with `markdown`, `csv`, `wide_csv`, `reproduced_csv` (paths), `reproductions` (one verdict per
     published number and matching on-protocol row of ours), `plots` (paths, the Pareto charts included),
-    `pareto` (`pareto.Chart`s), `rows` (one per group), `wide` (one per method, ours), `published` (published
+    `pareto` (`pareto.Chart`s), `rows` (one per group), `wide` (one per method, ours), `locality` (the best
+    local-window baseline rows, `locality.best_local_rows`), `published` (published
     rows, same shape), `published_sources`, `failures`, `unreadable`, `superseded`, `evaluations` (evaluated
     checkpoints, never rows), `n_files`, `dirs` and `wandb`
     (the runs' W&B project/entity/group, for `log_to_wandb`). Never raises on a bad record: it is listed under
@@ -47,6 +48,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     rows, superseded = data.group_rows(records)
     wide = data.wide_rows(rows, failures)
     uncertainty.add_uncertainty(rows, wide)  # CI and tie-aware rank columns
+    baselines = locality.best_local_rows(rows)  # per task, the best local window (when local runs are present)
     sources, published_rows = load_published()
     published = data.published_wide_rows(published_rows)
     verdicts = reproduced.reproductions(wide, published)
@@ -76,10 +78,11 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
             sections,
             evaluations,
             verdicts,
+            baselines,
         )
     )
     csv_path = render.write_csv(out / CSV, rows, render.GROUP_COLUMNS)
-    wide_path = render.write_csv(out / WIDE_CSV, [*wide, *published], render.WIDE_COLUMNS)
+    wide_path = render.write_csv(out / WIDE_CSV, [*wide, *baselines, *published], render.WIDE_COLUMNS)
     reproduced_path = render.write_csv(out / REPRODUCED_CSV, verdicts, reproduced.COLUMNS)
     return {
         "markdown": md_path,
@@ -93,6 +96,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
         "wandb": wandb_log.settings_from_records(records),
         "rows": rows,
         "wide": wide,
+        "locality": baselines,
         "published": published,
         "published_sources": {k: dict(v) for k, v in sources.items()},
         "failures": failures,

@@ -122,7 +122,12 @@ def _relative(row: dict[str, Any], refs: References) -> tuple[float, float | Non
 def _label(row: dict[str, Any]) -> str:
     """The method, its variant and pretraining, and ⚠ when it is not known to follow its protocol."""
     label = method_label(
-        row.get("attn"), row.get("selector"), row.get("rank_budget"), row.get("variant") or "", row.get("pretraining")
+        row.get("attn"),
+        row.get("selector"),
+        row.get("rank_budget"),
+        row.get("variant") or "",
+        row.get("pretraining"),
+        row.get("window"),
     )
     return label + experiments.mark(row.get("conformance"))
 
@@ -190,7 +195,8 @@ def plot(chart: Chart, path: Path) -> Path:
         color = f"C{i % 10}"
         ax.scatter([p.speed], [p.accuracy], s=BUBBLE * p.memory / biggest, color=color, alpha=0.45,
                    edgecolors="black", linewidths=0.8, zorder=2,
-                   **({} if p.comparable else {"facecolors": "none", "linestyles": "--"}))  # fmt: skip
+                   facecolors=color if p.comparable else "none",
+                   linestyles="solid" if p.comparable else "--")  # fmt: skip
         if p.ci is not None:
             ax.errorbar([p.speed], [p.accuracy], yerr=[[p.accuracy - p.ci[0]], [p.ci[1] - p.accuracy]],
                         fmt="none", ecolor=color, capsize=3, linewidth=1, zorder=3)  # fmt: skip

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lra_bench.leaderboard import experiments, uncertainty
+from lra_bench.diagnostics import LOCALITY_WINDOWS
+from lra_bench.leaderboard import experiments, locality, uncertainty
+from lra_bench.leaderboard.aggregate import REACH_KEYS
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
 
 #: what sets an experiment apart within one method's cell (group and wide rows alike); `variant_full` is the legend
-EXPERIMENT_COLUMNS = ("rank_budget", "variant", "variant_full", "conformance", "off_protocol", "deviations")
+EXPERIMENT_COLUMNS = ("rank_budget", "window", "variant", "variant_full", "conformance", "off_protocol", "deviations")
 GROUP_COLUMNS = (
     "protocol",
     "task",
@@ -35,6 +37,7 @@ GROUP_COLUMNS = (
     "peak_memory_mib",
     "params",
     "device",
+    *REACH_KEYS,
     *uncertainty.GROUP_COLUMNS,
 )
 WIDE_COLUMNS = (
@@ -48,6 +51,7 @@ WIDE_COLUMNS = (
     "pretraining",
     *TASKS,
     *(f"{t}_std" for t in TASKS),
+    *(f"{t}_window" for t in TASKS),
     "failed_tasks",
     "avg5",
     "avg6",
@@ -65,6 +69,12 @@ CONVENTIONS = (
 )
 #: the mark on every row of ours that is not known to follow its protocol (markdown, plots; CSV: `conformance`)
 MARKS = experiments.MARKS
+LOCALITY_NOTE = (
+    f"**{locality.LABEL}**: per task, the `attn=local` experiment (exact softmax within w tokens on each side) with "
+    "the best mean validation accuracy; its test accuracy and window w are shown. It is how much of a task a purely "
+    "local model reaches (Miralles-González et al. 2025, arXiv 2501.14850); a method below it on a task has not "
+    "shown that it uses longer-range context there."
+)
 NOT_COMPARABLE = (
     "Runs that changed a value of their protocol (`⚠ off-protocol`: the changed keys are listed) or whose records "
     "predate that check (`⚠ protocol unchecked`). Not comparable with the published rows above."
@@ -95,8 +105,9 @@ def _wide_cells(row: dict[str, Any]) -> list[str]:
     cells = []
     for task in TASKS:
         if row.get(task) is not None:
-            n = row.get(f"{task}_n")
-            cells.append(_acc(row[task], row.get(f"{task}_std")) + (f" (n={n})" if n else ""))
+            n, window = row.get(f"{task}_n"), row.get(f"{task}_window")
+            notes = ", ".join([*([f"n={n}"] if n else []), *([f"w={window}"] if window is not None else [])])
+            cells.append(_acc(row[task], row.get(f"{task}_std")) + (f" ({notes})" if notes else ""))
         else:
             cells.append("✗" if task in failed else "—")
     avg6 = _num(row.get("avg6"))
@@ -117,7 +128,7 @@ def _wide_table(rows: Sequence[dict[str, Any]], deviations: bool = False) -> lis
     header += ["changed from the protocol"] if deviations else []
     body = []
     for row in rows:
-        source = "ours" if row["kind"] == "ours" else f"published: {row['source']}"
+        source = "ours" if row["kind"] in ("ours", locality.KIND) else f"published: {row['source']}"
         mark = MARKS.get(str(row.get("conformance")), "")
         cells = [f"{row['method']}{row.get('flag') or ''}{mark}", source, *_wide_cells(row)]
         body.append(cells + ([str(row.get("deviations") or "—").replace(",", ", ")] if deviations else []))
@@ -138,10 +149,11 @@ def render_markdown(
     sections: Sequence[str] = (),
     evaluations: Sequence[dict[str, Any]] = (),
     reproductions: Sequence[dict[str, Any]] = (),
+    baselines: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The whole `leaderboard.md`: summary by protocol (with `reproductions`, `reproduced.reproductions`' verdicts,
-    beside each protocol's published rows), `sections` (markdown lines: uncertainty, Pareto), published rows,
-    groups, failures, bad files."""
+    beside each protocol's published rows, and `baselines`, `locality.best_local_rows`, beside its methods),
+    `sections` (markdown lines: uncertainty, Pareto), published rows, groups, failures, bad files."""
     out = [
         "# LRA leaderboard",
         "",
@@ -157,10 +169,13 @@ def render_markdown(
         "`*` on Avg-6: Path-X counted as 50. `✗`: failed or unfinished (ours) / FAIL (published). `—`: not run.",
         "",
     ]
+    if baselines:
+        out += [LOCALITY_NOTE, ""]
     protocols = sorted({str(r["protocol"]) for r in wide})
     for protocol in protocols:
-        ours = [r for r in wide if str(r["protocol"]) == protocol and r.get("conformance") == "on"]
-        apart = [r for r in wide if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
+        mine = [*wide, *baselines]
+        ours = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") == "on"]
+        apart = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
         beside = [r for r in published if str(r["protocol"]) == protocol]
         out += [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
         out += reproduction_block(protocol, reproductions)
@@ -196,7 +211,7 @@ def render_markdown(
         "task",
         "attn",
         "selector",
-        "landmarks",
+        "landmarks / window",
         "variant",
         "protocol kept",
         "pretraining",
@@ -209,6 +224,8 @@ def render_markdown(
         "peak mem (MiB)",
         "params",
         "device",
+        "attn distance (exact)",
+        "mass ≤ " + "/".join(str(w) for w in LOCALITY_WINDOWS),
     ]
     body = [
         [
@@ -216,7 +233,7 @@ def render_markdown(
             TASK_LABELS.get(r["task"], r["task"]),
             r["attn"],
             r["selector"] or "—",
-            _num(r["rank_budget"], "{}"),
+            f"w={r['window']}" if r.get("window") is not None else _num(r["rank_budget"], "{}"),
             r.get("variant") or "—",
             _kept(r),
             r["pretraining"],
@@ -229,6 +246,8 @@ def render_markdown(
             _num(r["peak_memory_mib"], "{:,.0f}"),
             _num(r["params"], "{:,}"),
             r["device"],
+            _reach_distance(r),
+            _reach_mass(r),
         ]
         for r in rows
     ]
@@ -269,6 +288,18 @@ def render_markdown(
     return "\n".join(out) + "\n"
 
 
+def _reach_distance(row: dict[str, Any]) -> str:
+    """`d (d_exact)`: the expected token distance of the method's attention and of the exact softmax."""
+    if row.get("attn_distance") is None:
+        return "—"
+    return f"{row['attn_distance']:.1f} ({_num(row.get('attn_distance_exact'), '{:.1f}')})"
+
+
+def _reach_mass(row: dict[str, Any]) -> str:
+    values = [row.get(f"mass_within_{w}") for w in LOCALITY_WINDOWS]
+    return "—" if all(v is None for v in values) else "/".join(_num(v) for v in values)
+
+
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Path:
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
@@ -292,6 +323,7 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
         for i, r in enumerate(points):
             label = f"{r['attn']}" + (f"/{r['selector']}" if r["selector"] else "")
             label += f" m={r['rank_budget']}" if r["rank_budget"] is not None else ""
+            label += f" w={r['window']}" if r.get("window") is not None else ""
             label += f" +SPT({r['pretraining']})" if r.get("pretraining") not in (None, "none") else ""
             label += f" [{r['protocol']}]" + MARKS.get(str(r.get("conformance")), "")
             label += f" {r['variant']}" if r.get("variant") else ""

@@ -27,6 +27,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.config.plain import plain_dict
+
 
 def _rank() -> int:
     for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
@@ -78,7 +80,7 @@ class LeaderboardCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = str(config.hydra.sweep.dir)
         wandb_cfg = _select(config, "logger.wandb")
-        self._wandb_cfg = OmegaConf.to_container(wandb_cfg, resolve=True) if wandb_cfg is not None else None  # type: ignore[assignment]
+        self._wandb_cfg = plain_dict(wandb_cfg) if wandb_cfg is not None else None
         self._pending = True
         atexit.register(self._at_exit)
 

@@ -11,22 +11,24 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-MODES = ("online", "offline", "disabled")
+Mode = Literal["online", "offline", "disabled"]
+MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
 DEFAULT_PROJECT = "lra-bench"
 
 
-def resolve_mode(requested: str | None = None) -> str:
+def resolve_mode(requested: str | None = None) -> Mode:
     """The mode asked for, else `WANDB_MODE` when it names one, else offline."""
     if requested:
         if requested not in MODES:
             raise ValueError(f"W&B mode {requested!r}: use one of {', '.join(MODES)}")
-        return requested
+        return next(mode for mode in MODES if mode == requested)
     env = os.environ.get("WANDB_MODE", "").strip().lower()
-    return {"dryrun": "offline", "run": "online"}.get(env, env) if env in (*MODES, "dryrun", "run") else "offline"
+    env = {"dryrun": "offline", "run": "online"}.get(env, env)
+    return next((mode for mode in MODES if mode == env), "offline")
 
 
 def settings_from_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -80,10 +82,12 @@ def log_to_wandb(
         )
         try:
             columns, points = pareto.points_table(table.get("pareto", []))
+            header: list[str | int] = [*columns]  # (the W&B stub's parameter types, which lists cannot widen to)
+            rows: list[Iterable[Any]] = [*points]
             payload: dict[str, Any] = {
                 "leaderboard/groups": _table(wandb, table["rows"], render.GROUP_COLUMNS),
                 "leaderboard/methods": _table(wandb, [*table["wide"], *table["published"]], render.WIDE_COLUMNS),
-                "leaderboard/pareto": wandb.Table(columns=columns, data=points, allow_mixed_types=True),
+                "leaderboard/pareto": wandb.Table(columns=header, data=rows, allow_mixed_types=True),
             }
             for path in table.get("plots", []):
                 payload[f"leaderboard/charts/{Path(path).stem}"] = wandb.Image(str(path))

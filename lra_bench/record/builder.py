@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.record import results
 
 
@@ -42,10 +43,9 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain JSON types (enums as their names: `task.source: auto`, as written in the YAML), so it
     goes into a weights-only checkpoint and compares equal to a freshly composed config."""
     try:
-        container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        container = plain_dict(cfg, enum_to_str=True)
     except Exception:  # a config error raised before the run could resolve it
-        container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-    container = dict(container)  # type: ignore[arg-type]
+        container = plain_dict(cfg, resolve=False, enum_to_str=True)
     container.pop("hydra", None)
     return container
 
@@ -68,14 +68,13 @@ def rank_budget(cfg: DictConfig) -> int | None:
         from lra_bench.run.build import attention_factory, selector_node
         from models.encoder import Encoder
 
-        model = OmegaConf.to_container(cfg.model, resolve=True)
-        attn = OmegaConf.to_container(cfg.attn, resolve=True)
-        total = Encoder.total_length(int(cfg.task.seq_len), str(model["pooling"]))  # type: ignore[index]
+        model = plain_dict(cfg.model)
+        total = Encoder.total_length(int(cfg.task.seq_len), str(model["pooling"]))
         make = attention_factory(
-            attn,  # type: ignore[arg-type]
+            plain_dict(cfg.attn),
             selector_node(cfg),
-            num_heads=int(model["num_heads"]),  # type: ignore[index]
-            head_dim=int(model["head_dim"]),  # type: ignore[index]
+            num_heads=int(model["num_heads"]),
+            head_dim=int(model["head_dim"]),
         )
         budget = make(0, total).rank_budget(total)
         return None if budget is None else int(budget)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.record.identity import DATA_KEYS, MEASUREMENT, config_identity, differing_keys, under
 
 #: identity prefixes a run may change and stay on its protocol (see the module docstring)
@@ -42,14 +43,13 @@ def derive_run_keys(cfg: Any) -> Any:
 def protocol_identity(task: str, protocol: str, attn: str, selector: str | None) -> dict[str, Any]:
     """The config identity of `task × protocol × attn × selector` as the protocol defines it, with the derived keys
     filled as a run of that config fills them."""
-    from omegaconf import OmegaConf
 
     from lra_bench.config.compose import compose_config
 
     overrides = [f"task={task}", f"protocol={protocol}", f"attn={attn}", f"selector={selector or 'none'}", "~local"]
     cfg = compose_config(overrides)
     derive_run_keys(cfg)
-    return config_identity(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    return config_identity(plain_dict(cfg))
 
 
 def deviations(identity: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

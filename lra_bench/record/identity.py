@@ -45,7 +45,7 @@ LOGISTICS: tuple[str, ...] = (
     "test",
     "retest",
     "hydra",
-    "fault",  # test-only fault injection (slow steps, NaNs): a run it breaks never completes
+    "callbacks.fault",  # the test suite's fault injection (tests/faults.py): a run it breaks never completes
     "pretrained",  # where the pretraining run lies; what it is enters as `pretraining`/`pretraining_fingerprint`
 )
 

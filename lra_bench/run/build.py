@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from torch import nn
+from omegaconf import DictConfig
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.registry import ATTENTIONS, TASKS, build_attention, build_selector
 from models.attention.base import Attention
 from models.build import AttentionFactory, build_classifier, offset_seed
+from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import extra_tokens
 
 
@@ -26,7 +27,7 @@ def build_datamodule(cfg: DictConfig) -> Any:
     cls = TASKS.get(cfg.task.name)
     try:
         dm = cls(
-            OmegaConf.to_container(cfg.task, resolve=True),
+            plain_dict(cfg.task),
             data_dir=str(cfg.data_dir),
             cache_dir=str(cfg.cache_dir),
             batch_size=int(cfg.data.batch_size),
@@ -49,7 +50,7 @@ def selector_node(cfg: DictConfig) -> dict[str, Any] | None:
     """The selector's config node, or None when the attention takes no selector."""
     if not ATTENTIONS.get(cfg.attn.name).takes_selector:
         return None
-    return OmegaConf.to_container(cfg.selector, resolve=True)  # type: ignore[return-value]
+    return plain_dict(cfg.selector)
 
 
 def attention_factory(
@@ -84,7 +85,7 @@ def build_network(
     model: dict[str, Any],
     attn: dict[str, Any],
     selector: dict[str, Any] | None,
-) -> nn.Module:
+) -> TaskNetwork:
     """The classifier from plain config nodes (`attn`/`selector` with their `name`; `selector` None when the
     attention takes none)."""
     return build_classifier(
@@ -99,11 +100,10 @@ def build_network(
     )
 
 
-def build_model(cfg: DictConfig, dm: Any) -> nn.Module:
+def build_model(cfg: DictConfig, dm: Any) -> TaskNetwork | LanguageModel:
     """The run's network. An encoder pretrained with `mlm` (or being pretrained) has one more embedding row, the
     mask token (`tasks.masking.extra_tokens`); `stage=pretrain` puts the per-token LM head on it instead."""
-    model: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
-    attn: dict[str, Any] = OmegaConf.to_container(cfg.attn, resolve=True)  # type: ignore[assignment]
+    model, attn = plain_dict(cfg.model), plain_dict(cfg.attn)
     network = build_network(
         vocab_size=dm.vocab_size + extra_tokens(cfg.get("pretraining")),
         seq_len=dm.seq_len,

@@ -81,10 +81,14 @@ def meta_of(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and meta.get("format") == META_FORMAT else None
 
 
-def check_fits(path: str | Path, identity: dict[str, Any], module: Any | None = None) -> dict[str, Any]:
-    """Load the checkpoint at `path` and refuse it (one line) when it was made by another model than `identity`
-    describes (or, without metadata, when its state dict does not fit `module`). Returns the checkpoint."""
-    checkpoint = load(path)
+def check_fits(
+    path: str | Path, identity: dict[str, Any], module: Any | None = None, checkpoint: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Load the checkpoint at `path` (unless it is given, as already loaded) and refuse it (one line) when it was
+    made by another model than `identity` describes (or, without metadata, when its state dict does not fit
+    `module`). Returns the checkpoint."""
+    if checkpoint is None:
+        checkpoint = load(path)
     meta = meta_of(checkpoint)
     if meta is not None:
         made, this = architecture(meta.get("identity") or {}), architecture(identity)
@@ -132,6 +136,6 @@ def warn_if_code_changed(checkpoint: dict[str, Any], code: dict[str, Any], path:
         f"[lra-bench] warning: the code changed since {path} was written ({code_label(before)} → "
         f"{code_label(code)}); resuming anyway — the record lists every segment's code in run.segments"
     )
-    if rank_zero_only.rank == 0:
+    if getattr(rank_zero_only, "rank", 0) == 0:
         print(message, file=sys.stderr, flush=True)
     return message

@@ -4,22 +4,23 @@ Why this module exists:
 
 * Lightning's parts where they give the guarantee, ours where they do not — checked against the installed
   pytorch-lightning 2.6.6 by tests/test_lightning_parts.py, which fails the day Lightning changes:
-  - best-val checkpoints are Lightning's `ModelCheckpoint` (`BestCheckpoint` only writes each file through a temp
-    file of this process and a rename: Lightning writes the final path directly, so a full disk or a kill left a
-    truncated `best-*.ckpt`);
+  - best-val checkpoints are Lightning's `ModelCheckpoint`; every file is written atomically in its own folder by
+    the run's `CheckpointIO` plugin (`lra_bench.run.checkpoint_io`, which says why Lightning's own write is not);
   - `last.ckpt` is ours. `ModelCheckpoint(save_last=True, every_n_train_steps=N)` writes it every N steps, but after
     a validation only when a top-k file was written at that step, and at the end of training only if it never
     wrote one (`on_train_end` checks `_last_checkpoint_saved`): a run whose `max_steps` is not a multiple of N never
-    has its final state in `last.ckpt`. It also writes the final path directly and keeps no previous file.
+    has its final state in `last.ckpt`. It also keeps no previous file.
     `LastCheckpoint` writes it every `every_n_train_steps`, after every validation, at the end of training and at
-    a stop signal's step boundary; the previous one is kept as `last-prev.ckpt` (temp file of this process, then
-    rename: a kill mid-write never leaves a half file as `last.ckpt`, a full disk leaves no temp file);
+    a stop signal's step boundary; the previous one is kept as `last-prev.ckpt` (the new one is complete before the
+    old one moves: a kill mid-write never leaves a half file as `last.ckpt`, a full disk leaves no temp file);
   - the save at a stop signal is ours too: `ModelCheckpoint(save_on_exception=True)` and `OnExceptionCheckpoint`
     save on every exception, the NaN stop of `FiniteGuard` included, i.e. exactly the poisoned weights that stop
     exists to keep out of the checkpoints. `LastCheckpoint.on_exception` saves only on `SIGTERMException` (a clean
     step boundary: SIGTERM, or Ctrl-C through `lra_bench.run.signals`).
 * `find_resumable` validates `last.ckpt` by loading it with `weights_only=True`; a truncated or unreadable file
-  falls back to `last-prev.ckpt`, then to the newest `best-*.ckpt`, with a warning naming what was skipped.
+  falls back to `last-prev.ckpt`, then to the newest `best-*.ckpt`, with a warning naming what was skipped. The
+  loaded checkpoint travels with the `Resume` (identity check, step, and Lightning's restore through
+  `RunCheckpointIO.preload`): a resume reads its file once.
 * `FiniteGuard` stops the run when a parameter turns NaN/Inf after an optimizer step, before any checkpoint
   callback runs (Lightning orders checkpoint callbacks last), so the last good checkpoint is never overwritten
   by a poisoned state. The LightningModule already refuses a non-finite loss.
@@ -34,7 +35,6 @@ Why this module exists:
   `signal_delay_s`), an alarm hands over to submitit at once (the periodic `last.ckpt` then serves). A plain
   SIGTERM (`scontrol requeue`, preemption, `scancel`) takes the same graceful path within SLURM's KillWait;
   SLURM itself requeues those jobs.
-* `FaultInjection` (`+fault.*` overrides, tests only): slow steps, a NaN loss, NaN gradients.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
+from pytorch_lightning.callbacks import Checkpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
@@ -69,31 +68,44 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why `path` cannot be resumed from (None when it can): unreadable, not weights-only, or incomplete."""
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """`(checkpoint, None)` when `path` can be resumed or tested from, else `(None, why not)`: unreadable, not
+    weights-only, or incomplete. One load; the caller keeps the checkpoint instead of reading the file again."""
     if Path(path).is_file() and not zipfile.is_zipfile(path):  # torch.save's format (Lightning's) is a zip archive
-        return "not a torch.save zip archive: truncated, or not a checkpoint"
+        return None, "not a torch.save zip archive: truncated, or not a checkpoint"
     try:
         ckpt = load_checkpoint(path)
     except Exception as err:  # truncated zip, pickle error, unsafe global, I/O error: all mean "do not use"
-        return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
     if not isinstance(ckpt, dict):
-        return f"not a Lightning checkpoint (a {type(ckpt).__name__})"
+        return None, f"not a Lightning checkpoint (a {type(ckpt).__name__})"
     missing = [k for k in REQUIRED_KEYS if k not in ckpt]
-    return f"incomplete (missing {missing})" if missing else None
+    return (None, f"incomplete (missing {missing})") if missing else (ckpt, None)
 
 
-def require_usable(path: str | Path, shown: object = None) -> None:
-    """A one-line `ConfigError` when `path` cannot be resumed or tested from (`shown`: the value as the user typed
-    it, for the message). The one check behind an explicit `ckpt_path` (pre-flight) and every later load."""
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` cannot be resumed from (None when it can)."""
+    return read_checkpoint(path)[1]
+
+
+def load_usable(path: str | Path, shown: object = None) -> dict[str, Any]:
+    """The checkpoint at `path`, or a one-line `ConfigError` when it cannot be resumed or tested from (`shown`: the
+    value as the user typed it, for the message). The one check behind an explicit `ckpt_path` (pre-flight) and
+    every later load."""
     from lra_bench.config.validate import ConfigError
 
-    problem = checkpoint_problem(Path(path))
-    if problem is not None:
+    checkpoint, problem = read_checkpoint(Path(path))
+    if checkpoint is None:
         raise ConfigError(
             f"ckpt_path={path if shown is None else shown}: not a usable checkpoint ({problem}); use 'last', null, "
             "or a checkpoint this harness wrote"
         )
+    return checkpoint
+
+
+def require_usable(path: str | Path, shown: object = None) -> None:
+    """`load_usable` for a check only (the pre-flight of an explicit `ckpt_path`)."""
+    load_usable(path, shown)
 
 
 def _best_step(path: Path) -> int:
@@ -103,11 +115,17 @@ def _best_step(path: Path) -> int:
 
 @dataclass
 class Resume:
-    """The checkpoint a run resumes from (`path` None: start fresh) and the files skipped on the way."""
+    """The checkpoint a run resumes from (`path` None: start fresh), as loaded when it was checked, and the files
+    skipped on the way."""
 
     path: str | None = None
     step: int | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, path: str | Path, checkpoint: dict[str, Any]) -> Resume:
+        return cls(path=str(path), step=int(checkpoint.get("global_step", 0)), checkpoint=checkpoint)
 
 
 def find_resumable(ckpt_dir: Path) -> Resume:
@@ -119,41 +137,18 @@ def find_resumable(ckpt_dir: Path) -> Resume:
     for path in candidates:
         if not path.exists():
             continue
-        problem = checkpoint_problem(path)
-        if problem is None:
-            resume.path = str(path)
-            resume.step = int(load_checkpoint(path).get("global_step", 0))
+        checkpoint, problem = read_checkpoint(path)
+        if checkpoint is not None:
+            passed_over, resume = resume.skipped, Resume.of(path, checkpoint)
+            resume.skipped = passed_over
             break
-        resume.skipped.append((str(path), problem))
-    for path, problem in resume.skipped:
+        resume.skipped.append((str(path), str(problem)))
+    for skipped, problem in resume.skipped:
         rank_zero_warn(
-            f"checkpoint {path} is corrupt or unreadable ({problem}); "
+            f"checkpoint {skipped} is corrupt or unreadable ({problem}); "
             + (f"resuming from {resume.path} (step {resume.step}) instead" if resume.path else "starting fresh")
         )
     return resume
-
-
-# -- best-*.ckpt -----------------------------------------------------------------------------------------------
-class BestCheckpoint(ModelCheckpoint):
-    """Lightning's `ModelCheckpoint` (top-k by `val/acc`), but each file is written to a temp file of this process
-    and renamed into place: Lightning writes the final path directly, so a full disk or a kill mid-write left a
-    truncated `best-*.ckpt` that the test stage (or a later resume's fallback) would load."""
-
-    @property
-    def state_key(self) -> str:
-        """ModelCheckpoint's key: the best score restores from checkpoints written before this subclass existed."""
-        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
-
-    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        tmp = unique_tmp(filepath)
-        try:
-            super()._save_checkpoint(trainer, str(tmp))
-            if trainer.is_global_zero:
-                make_readable(tmp)
-                os.replace(tmp, filepath)
-        finally:
-            tmp.unlink(missing_ok=True)
-        self._last_checkpoint_saved = filepath
 
 
 # -- last.ckpt -------------------------------------------------------------------------------------------------
@@ -190,7 +185,7 @@ class LastCheckpoint(Checkpoint):
         self.saved_step = trainer.global_step
 
     def _fitting(self, trainer: pl.Trainer) -> bool:
-        return trainer.state.fn == "fit" and not trainer.sanity_checking and not trainer.fast_dev_run
+        return trainer.state.fn == "fit" and not trainer.sanity_checking and not getattr(trainer, "fast_dev_run", False)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         step = trainer.global_step
@@ -284,7 +279,7 @@ class RNGState(pl.Callback):
 # -- the requeue owner -------------------------------------------------------------------------------------------
 def _handler_name(handler: Any) -> str:
     if handler in (signal.SIG_DFL, signal.SIG_IGN, None):
-        return {signal.SIG_DFL: "SIG_DFL", signal.SIG_IGN: "SIG_IGN"}.get(handler, "None")  # type: ignore[arg-type]
+        return {signal.SIG_DFL: "SIG_DFL", signal.SIG_IGN: "SIG_IGN"}.get(handler, "None")
     parts = getattr(handler, "signal_handlers", None)  # Lightning's _HandlersCompose
     if isinstance(parts, list):
         return "+".join(_handler_name(h) for h in parts)
@@ -379,36 +374,7 @@ class SubmititRequeue(Checkpoint):
         self._restore()
 
 
-# -- test-only fault injection -----------------------------------------------------------------------------------
-class FaultInjection(pl.Callback):
-    """`+fault.step_sleep_s=0.3` (slow steps, so a test can interrupt mid-run), `+fault.nan_loss_at_step=K`
-    (poison a weight before step K's forward: the module refuses the NaN loss), `+fault.nan_grad_at_step=K`
-    (NaN gradients in step K: the parameters turn NaN and `FiniteGuard` stops the run)."""
-
-    def __init__(
-        self, step_sleep_s: float = 0.0, nan_loss_at_step: int | None = None, nan_grad_at_step: int | None = None
-    ) -> None:
-        self.step_sleep_s = float(step_sleep_s or 0.0)
-        self.nan_loss_at_step = nan_loss_at_step
-        self.nan_grad_at_step = nan_grad_at_step
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self.nan_loss_at_step is not None and trainer.global_step + 1 == int(self.nan_loss_at_step):
-            with torch.no_grad():
-                next(pl_module.parameters()).fill_(float("nan"))
-
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if self.nan_grad_at_step is not None and trainer.global_step + 1 == int(self.nan_grad_at_step):
-            for p in pl_module.parameters():
-                if p.grad is not None:
-                    p.grad.fill_(float("nan"))
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self.step_sleep_s:
-            time.sleep(self.step_sleep_s)
-
-
 def log_resume(resume: Resume) -> None:
     """Said on the terminal (a Lightning info record would go to run.log only: `lra_bench.run.quiet`)."""
-    if resume.path and rank_zero_only.rank == 0:
+    if resume.path and getattr(rank_zero_only, "rank", 0) == 0:
         say(f"[lra-bench] resuming from {resume.path} (step {resume.step})")

@@ -24,7 +24,7 @@ def print_config(cfg: DictConfig, save_to: Path | None = None, terminal: bool = 
     for key in keys:
         value = cfg[key]
         text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
-        tree.add(f"[bold]{key}[/]").add(text.rstrip())
+        tree.add(f"[bold]{key!s}[/]").add(text.rstrip())
     rendered = io.StringIO()
     Console(file=rendered, width=120).print(tree)
     if terminal:

@@ -60,7 +60,7 @@ def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Test the checkpoint `cfg.ckpt_path` with the model `cfg` describes; write and return the `evaluated` record."""
     from lra_bench.run.train import _build_module, majority_share, prepare_data, slurm_plugins, trainer_kwargs
 
-    is_zero = rank_zero_only.rank == 0
+    is_zero = getattr(rank_zero_only, "rank", 0) == 0
     ckpt = checkpoint_to_test(cfg, output_dir)
     record_path = Path(output_dir) / results.FILENAME
     existing = run_state.read_existing_record(output_dir)

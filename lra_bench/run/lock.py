@@ -1,19 +1,22 @@
 """One process per run dir: a second `run.py` on the same dir refuses with one line naming the holder's PID.
 
 Two processes training into one dir would interleave `last.ckpt`, `results.json` and the logs — a corrupt resume
-and a record that mixes two runs. The lock is `flock` on `<run dir>/.lock` (the file names the holder: PID, host,
-start time). The kernel releases it when the holder exits however it exits (SIGKILL, OOM, a node reboot for NFS
-clients), so a dead run never leaves a stale lock behind; on NFS, Linux maps `flock` to the server's byte-range
-locks. Taken by rank 0 only (the other DDP ranks of one launch are its own children).
+and a record that mixes two runs. The lock is filelock's `UnixFileLock` on `<run dir>/.lock`: a kernel `flock`,
+released when the holder exits however it exits (SIGKILL, OOM, a node reboot for NFS clients), so a dead run
+never leaves a stale lock behind; on NFS, Linux maps `flock` to the server's byte-range locks. The options keep
+exactly that: no soft-lock fallback (a marker file outlives a killed holder), the file kept on release, and the
+holder (PID, host, start time) written into it through the locked descriptor (`on_acquired`), which is what the
+refusal quotes. Taken by rank 0 only (the other DDP ranks of one launch are its own children).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import os
 import socket
 from pathlib import Path
+
+from filelock import Timeout, UnixFileLock
 
 from lra_bench.config.validate import ConfigError
 
@@ -38,46 +41,56 @@ def in_use_error(run_dir: Path) -> ConfigError:
     )
 
 
+def _write_holder(fd: int) -> None:
+    """Replace the file's text with this process's PID, host and start time (the lock is held: no reader races)."""
+    since = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {since}\n".encode(), 0)
+
+
+def _run_dir_lock(run_dir: Path, *, write_holder: bool) -> UnixFileLock:
+    return UnixFileLock(
+        run_dir / LOCK_FILE,
+        timeout=0,  # never wait: a live run is refused at once
+        mode=0o666,
+        thread_local=False,  # the process holds it, whichever thread releases it
+        fallback_to_soft=False,
+        preserve_lock_file=True,
+        on_acquired=_write_holder if write_holder else None,
+    )
+
+
 class RunDirLock:
-    """`acquire()` or `ConfigError`; held until `release()` or the end of the process."""
+    """`acquire()` or `ConfigError`; held until `release()`, the end of the process, or until this object is
+    garbage-collected (filelock releases then), so the caller keeps it for as long as the run lasts."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
-        self._fd: int | None = None
+        self._lock = _run_dir_lock(self.run_dir, write_holder=True)
 
     def acquire(self) -> RunDirLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            self._lock.acquire()
+        except Timeout:
             raise in_use_error(self.run_dir) from None
-        since = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {socket.gethostname()} {since}\n".encode())
-        self._fd = fd
         return self
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        if self._lock.is_locked:
+            self._lock.release(force=True)
 
 
 def check_free(run_dir: str | Path) -> None:
     """Raise `ConfigError` when another process holds `run_dir`'s lock (a probe: takes and drops it at once)."""
-    path = Path(run_dir) / LOCK_FILE
-    if not path.exists():
+    run_dir = Path(run_dir)
+    if not (run_dir / LOCK_FILE).exists():
         return
+    probe = _run_dir_lock(run_dir, write_holder=False)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        probe.acquire()
+    except Timeout:
+        raise in_use_error(run_dir) from None
+    except OSError:  # unreadable lock file: the run itself will say so when it takes the lock
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise in_use_error(Path(run_dir)) from None
-    finally:
-        os.close(fd)
+    probe.release(force=True)

@@ -40,7 +40,7 @@ def wandb_run_id(output_dir: Path) -> str | None:
     path = output_dir / WANDB_ID_FILE
     if path.exists():
         return path.read_text().strip()
-    if rank_zero_only.rank != 0:
+    if getattr(rank_zero_only, "rank", 0) != 0:
         return None
     run_id = uuid.uuid4().hex[:12]
     path.write_text(run_id + "\n")
@@ -106,8 +106,8 @@ class RunWandbLogger(WandbLogger):
             if step is None:
                 super().log_metrics(metrics)
                 return
-            metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
-            self.experiment.log(dict(metrics, **{"trainer/global_step": step}), step=int(step))
+            prefixed = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+            self.experiment.log(dict(prefixed, **{"trainer/global_step": step}), step=int(step))
         except Exception as err:  # the service is gone (a signal, a crash): training and CSV logging go on
             self.failure = f"{type(err).__name__}: {err}"
             print(

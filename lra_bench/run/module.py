@@ -8,6 +8,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -101,11 +102,11 @@ class LRAModule(pl.LightningModule):
         self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
         return {"pred": preds.detach(), "loss": losses.detach()}
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         return adamw_with_schedule(self.parameters(), self.optim_cfg, self.max_steps)
 
 
-def adamw_with_schedule(params: Any, o: dict[str, Any], max_steps: int) -> dict[str, Any]:
+def adamw_with_schedule(params: Any, o: dict[str, Any], max_steps: int) -> OptimizerLRSchedulerConfig:
     """AdamW and its per-step schedule from the `optim` node (shared by every stage's LightningModule)."""
     optimizer = torch.optim.AdamW(
         params,

@@ -26,14 +26,15 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, open_dict
-from torch import nn
+from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import ConfigError
 from lra_bench.registry import ATTENTIONS
 from lra_bench.run.module import adamw_with_schedule
 from models.attention.base import Attention
-from models.heads import LanguageModel
+from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import IGNORE_INDEX, OBJECTIVES, PretrainingData
 
 STAGES = ("supervised", "pretrain", "spt")
@@ -110,7 +111,7 @@ def pretraining_data(cfg: DictConfig, task: Any) -> PretrainingData:
     )
 
 
-def language_model(cfg: DictConfig, network: nn.Module, dm: PretrainingData) -> LanguageModel:
+def language_model(cfg: DictConfig, network: TaskNetwork, dm: PretrainingData) -> LanguageModel:
     """The pretraining network around a classifier's encoder (its head is dropped): per-token logits over the
     task's vocabulary (the mask id is never a target) or one value per position (`spt.loss=l1`)."""
     outputs = 1 if str(cfg.spt.loss) == "l1" else dm.task.vocab_size
@@ -144,6 +145,8 @@ def token_loss(out: torch.Tensor, target: torch.Tensor, loss: str, scale: float)
 class PretrainModule(pl.LightningModule):
     """Denoising / next-token training of a `LanguageModel`; the same optimiser and schedule as the supervised
     module (`adamw_with_schedule`)."""
+
+    window: torch.Tensor
 
     def __init__(
         self, model: LanguageModel, loss: str, vocab_size: int, optim: dict[str, Any], max_steps: int, info: dict
@@ -219,7 +222,7 @@ class PretrainModule(pl.LightningModule):
         if saved.get("window"):
             self.window.copy_(torch.tensor(saved["window"], dtype=torch.float64))
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         return adamw_with_schedule(self.parameters(), self.optim_cfg, self.max_steps)
 
 
@@ -239,9 +242,8 @@ def stage_info(cfg: DictConfig, dm: PretrainingData) -> dict[str, Any]:
 
 
 def build_pretrain_module(cfg: DictConfig, dm: PretrainingData, model: LanguageModel, info: dict) -> PretrainModule:
-    from omegaconf import OmegaConf
 
-    optim: dict[str, Any] = OmegaConf.to_container(cfg.optim, resolve=True)  # type: ignore[assignment]
+    optim = plain_dict(cfg.optim)
     return PretrainModule(model, str(cfg.spt.loss), dm.task.vocab_size, optim, int(cfg.trainer.max_steps), info)
 
 

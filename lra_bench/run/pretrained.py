@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from torch import nn
+from omegaconf import DictConfig
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, fingerprint, flatten, under
 from lra_bench.run.checkpointing import LAST, load_checkpoint
+from models.heads import TaskNetwork
 
 #: config keys that shape the encoder (every key below them is compared, except seeds)
 ARCH_KEYS = (
@@ -135,7 +136,7 @@ def locate(cfg: DictConfig) -> PretrainedSource:
         )
     if not checkpoint.is_file():
         raise ConfigError(f"pretrained={value}: {checkpoint} is missing")
-    check_architecture(value, record.get("config") or {}, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    check_architecture(value, record.get("config") or {}, plain_dict(cfg))
     return PretrainedSource(value, checkpoint, run_dir, record)
 
 
@@ -156,7 +157,7 @@ def check_architecture(value: str, pretrained: dict[str, Any], current: dict[str
         )
 
 
-def load_encoder(network: nn.Module, source: PretrainedSource) -> int:
+def load_encoder(network: TaskNetwork, source: PretrainedSource) -> int:
     """Copy the pretrained encoder into `network.encoder` exactly (strict); return the number of tensors copied."""
     checkpoint = load_checkpoint(source.checkpoint)
     if "spt_stage" not in checkpoint:

@@ -28,7 +28,7 @@ def lightning_dirs() -> tuple[str, ...]:
     import lightning_fabric
     import pytorch_lightning
 
-    return tuple(str(Path(pkg.__file__).parent) for pkg in (pytorch_lightning, lightning_fabric))
+    return tuple(str(Path(str(pkg.__file__)).parent) for pkg in (pytorch_lightning, lightning_fabric))
 
 
 class LightningInfoOffTerminal(logging.Filter):
@@ -50,7 +50,9 @@ class LightningInfoOffTerminal(logging.Filter):
 def _terminal_handlers() -> list[tuple[logging.Handler, bool]]:
     """(handler, copy) for every plain stream handler that could show Lightning's records: the root's (Hydra's
     console handler: its file handler writes run.log) and Lightning's own, which nothing else copies to run.log."""
-    found = [(h, False) for h in logging.getLogger().handlers if type(h) is logging.StreamHandler]
+    found: list[tuple[logging.Handler, bool]] = [
+        (h, False) for h in logging.getLogger().handlers if type(h) is logging.StreamHandler
+    ]
     for name in LIGHTNING_LOGGERS:
         found += [(h, True) for h in logging.getLogger(name).handlers if type(h) is logging.StreamHandler]
     return found

@@ -159,7 +159,7 @@ def tee_output(path: Path | None) -> Iterator[None]:
     global _active
     out, err, outer = sys.stdout, sys.stderr, _active
     tees = _Tee(out, log), _Tee(err, log)
-    sys.stdout, sys.stderr = tees  # type: ignore[assignment]
+    sys.stdout, sys.stderr = tees
     _active = log
     try:
         yield

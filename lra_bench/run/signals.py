@@ -101,9 +101,10 @@ class StopSignals(pl.Callback):
                 tell(f"[lra-bench] {name} again: stopping now; the last checkpoint written is the resume point")
                 raise KeyboardInterrupt
             return  # a repeated SIGTERM: already stopping (SLURM follows up with SIGKILL after KillWait)
-        if not self._lightning_running():
+        trainer = self.trainer
+        if trainer is None or not self._lightning_running():
             raise SignalStop(signum)
-        self.trainer._signal_connector.received_sigterm = True  # type: ignore[union-attr]  (Lightning's own flag)
+        trainer._signal_connector.received_sigterm = True  # Lightning's own flag: stop at the step boundary
         again = "; Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
         tell(f"[lra-bench] {name}: stopping after this step and saving last.ckpt{again}")
 

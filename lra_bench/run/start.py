@@ -21,6 +21,7 @@ from lra_bench.record import conformance
 from lra_bench.record.identity import fingerprint, run_identity
 from lra_bench.run import run_state
 from lra_bench.run.checkpoint_identity import IdentityStamp, check_fits, warn_if_code_changed
+from lra_bench.run.checkpointing import Resume
 from lra_bench.run.schedule import check_schedule
 
 
@@ -30,13 +31,13 @@ class Start:
     previous: dict[str, Any] | None  # with retest=true: that completed record (its training numbers are kept)
     stamp: IdentityStamp | None  # the callback that writes the identity into every checkpoint
 
-    def use_checkpoint(self, ckpt: str | None, module: Any, record: dict[str, Any]) -> None:
+    def use_checkpoint(self, resume: Resume, module: Any, record: dict[str, Any]) -> None:
         """Refuse a checkpoint that does not load or was made by another model; warn when the code changed."""
-        if not ckpt or self.stamp is None:
+        if not resume.path or self.stamp is None:
             return
-        checkpoint = check_fits(ckpt, self.stamp.identity, module)
-        warn_if_code_changed(checkpoint, record["code"] or {}, ckpt)
-        record["run"]["resumed_from"] = str(Path(ckpt).resolve())
+        checkpoint = check_fits(resume.path, self.stamp.identity, module, resume.checkpoint)
+        warn_if_code_changed(checkpoint, record["code"] or {}, resume.path)
+        record["run"]["resumed_from"] = str(Path(resume.path).resolve())
 
 
 def identify(record: dict[str, Any], dm: Any) -> tuple[dict[str, Any], str]:

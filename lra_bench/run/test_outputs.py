@@ -108,7 +108,7 @@ class TestOutputs(pl.Callback):
         if trainer.world_size == 1:
             return local.numpy(), loss.numpy()
         device = pl_module.device
-        n = pl_module.all_gather(torch.tensor(local.shape[1], device=device))
+        n = _gather(pl_module, torch.tensor(local.shape[1], device=device))
         most = int(n.max())
         if most == 0:
             return local.numpy(), loss.numpy()
@@ -116,8 +116,8 @@ class TestOutputs(pl.Callback):
         padded[:, : local.shape[1]] = local
         padded_loss = torch.zeros(most, dtype=torch.float64)
         padded_loss[: loss.shape[0]] = loss
-        rows = pl_module.all_gather(padded.to(device)).cpu()  # [world, 3, most]
-        all_loss = pl_module.all_gather(padded_loss.to(device)).cpu()  # [world, most]
+        rows = _gather(pl_module, padded.to(device)).cpu()  # [world, 3, most]
+        all_loss = _gather(pl_module, padded_loss.to(device)).cpu()  # [world, most]
         rows = rows.permute(1, 2, 0).reshape(3, -1)  # position-major, then rank
         all_loss = all_loss.permute(1, 0).reshape(-1)
         keep = rows[0] >= 0
@@ -159,3 +159,11 @@ def test_and_record(
     if trainer.is_global_zero:
         save_predictions(Path(output_dir) / PREDICTIONS_FILE, result.label, result.pred)
     record["predictions"] = PREDICTIONS_FILE
+
+
+def _gather(pl_module: pl.LightningModule, tensor: torch.Tensor) -> torch.Tensor:
+    """`all_gather` of one tensor (Lightning types the result for any collection of tensors)."""
+    gathered = pl_module.all_gather(tensor)
+    if not isinstance(gathered, torch.Tensor):
+        raise TypeError(f"all_gather of a tensor returned a {type(gathered).__name__}")
+    return gathered

@@ -20,15 +20,18 @@ from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench import runtime
+from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import check_writable, validate
 from lra_bench.record import conformance, results
 from lra_bench.record.builder import new_record, now
 from lra_bench.run import checkpointing, pretrain
 from lra_bench.run.build import build_datamodule, build_model
+from lra_bench.run.checkpoint_io import RunCheckpointIO
 from lra_bench.run.console import conformance_line, print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.lock import RunDirLock
@@ -39,6 +42,7 @@ from lra_bench.run.signals import StopSignals
 from lra_bench.run.start import start_run
 from lra_bench.run.test_outputs import TestOutputs, test_and_record
 from lra_bench.run.user_callbacks import instantiate_callbacks
+from models.heads import LanguageModel
 
 CHECKPOINT_DIR = "checkpoints"
 EFFICIENCY_KEYS = (
@@ -54,8 +58,7 @@ EFFICIENCY_KEYS = (
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    assert isinstance(kwargs, dict)
+    kwargs = plain_dict(cfg.trainer)
     kwargs["gradient_clip_val"] = cfg.optim.grad_clip_val
     kwargs["gradient_clip_algorithm"] = cfg.optim.grad_clip_algorithm
     return kwargs
@@ -138,17 +141,16 @@ def prepare_data(dm: Any, output_dir: Path, is_zero: bool, timeout_s: float = 6 
     dm.setup()
 
 
-def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
+def resume_from(cfg: DictConfig, output_dir: Path) -> checkpointing.Resume:
+    """The checkpoint this run continues from, loaded once (see `lra_bench.run.checkpoint_io`)."""
     if cfg.ckpt_path in (None, "none", "null"):
-        return None
+        return checkpointing.Resume()
     if cfg.ckpt_path == "last":
         resume = checkpointing.find_resumable(output_dir / CHECKPOINT_DIR)
         checkpointing.log_resume(resume)
-        return resume.path
-    from lra_bench.config.validate import check_ckpt_path
-
-    check_ckpt_path(cfg)  # (validate() checked it too; the file may have changed since)
-    return str(Path(str(cfg.ckpt_path)).expanduser())
+        return resume
+    path = Path(str(cfg.ckpt_path)).expanduser()  # (validate() checked it too; the file may have changed since)
+    return checkpointing.Resume.of(path, checkpointing.load_usable(path, shown=cfg.ckpt_path))
 
 
 def checkpoint_step(path: str | None) -> int | None:
@@ -182,7 +184,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     pretraining_stage = cfg.stage == "pretrain"
     check_launch(cfg)
     check_writable(output_dir)
-    is_zero = rank_zero_only.rank == 0
+    is_zero = getattr(rank_zero_only, "rank", 0) == 0
     lock = RunDirLock(output_dir).acquire() if is_zero else None  # before the record: never clobber a live run's
     if not cfg.train:  # test one checkpoint (lra_bench.run.evaluation)
         from lra_bench.run.evaluation import evaluate
@@ -228,15 +230,15 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                 print_summary(start.finished)
                 print(f"[lra-bench] already completed: {record_path} left unchanged (retest=true tests again)")
             return start.finished
-        ckpt = resume_path(cfg, output_dir)
-        start.use_checkpoint(ckpt, module, record)
+        resume = resume_from(cfg, output_dir)
+        start.use_checkpoint(resume, module, record)
         owned = True
-        record["run"]["resumed_from_step"] = checkpoint_step(ckpt)
+        record["run"]["resumed_from_step"] = resume.step
         write_record()  # identity and protocol conformance are known now: readable while the run trains
         if is_zero:
             print(conformance_line(record))
         # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
-        checkpoint = checkpointing.BestCheckpoint(
+        checkpoint = ModelCheckpoint(
             dirpath=str(output_dir / CHECKPOINT_DIR),
             filename="best-{step}",
             monitor="val/acc",
@@ -260,11 +262,9 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             test_outputs,
             *_extra_callbacks(cfg, dm, record),
         ]
-        fault = cfg.get("fault")
-        if fault:
-            callbacks.append(checkpointing.FaultInjection(**OmegaConf.to_container(fault, resolve=True)))
         progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
         callbacks += [*progress, *model_summary(cfg), *instantiate_callbacks(cfg)]
+        checkpoint_io = RunCheckpointIO()  # atomic writes in the checkpoint's folder; the resume's one load
         loggers, wandb_id = build_loggers(
             cfg, output_dir, run_name=f"{cfg.task.name}-{cfg.attn.name}-{output_dir.name}"
         )
@@ -277,11 +277,14 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             max_epochs=-1,
             check_val_every_n_epoch=None,
             enable_progress_bar=bar,
-            plugins=slurm_plugins(),
+            plugins=[*slurm_plugins(), checkpoint_io],
         )
         stop.trainer = trainer
+        if resume.path is not None and resume.checkpoint is not None:
+            checkpoint_io.preload(resume.path, resume.checkpoint)  # Lightning restores from it: no second read
+            resume.checkpoint = None
         if cfg.train:
-            trainer.fit(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)
+            trainer.fit(module, datamodule=dm, ckpt_path=resume.path, weights_only=True)
         record["run"]["segments"] = start.stamp.segments  # type: ignore[union-attr]
         check_steps_ran(int(trainer.global_step), int(cfg.trainer.max_steps))
         record["metrics"].update(efficiency.summary(module))
@@ -296,7 +299,7 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         if start.previous is not None:  # retest: nothing trained, so the training numbers stay as recorded
             record["metrics"].update({k: start.previous["metrics"].get(k) for k in EFFICIENCY_KEYS})
             record["run"]["segments"] = start.previous["run"].get("segments") or record["run"]["segments"]
-        if pretraining_stage:  # no task head and no test: the record holds the pretraining curve
+        if isinstance(module, pretrain.PretrainModule):  # no task head and no test: the record holds the curve
             pretrain.finish_record(record, module)
         elif cfg.test:
             test_and_record(trainer, module, dm, best, test_outputs, record, output_dir)
@@ -347,12 +350,16 @@ def _build_module(cfg: DictConfig, dm: Any, source: Any = None, pretrain_info: A
 
     model = build_model(cfg, dm)
     if pretrain_info is not None:  # stage=pretrain: the LM objective (lra_bench.run.pretrain)
+        if not isinstance(model, LanguageModel):
+            raise TypeError(f"stage=pretrain built a {type(model).__name__}, not a LanguageModel")
         return pretrain.build_pretrain_module(cfg, dm, model, {k: v for k, v in pretrain_info.items() if k != "curve"})
+    if isinstance(model, LanguageModel):
+        raise TypeError("a LanguageModel outside stage=pretrain")
     if source is not None:  # pretrained=: the pretrained encoder, a fresh head (lra_bench.run.pretrained)
         from lra_bench.run.pretrained import load_encoder
 
         load_encoder(model, source)
-    return LRAModule(model, dm.num_classes, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps))
+    return LRAModule(model, dm.num_classes, plain_dict(cfg.optim), int(cfg.trainer.max_steps))
 
 
 def _extra_callbacks(cfg: DictConfig, dm: Any, record: dict[str, Any]) -> list[pl.Callback]:

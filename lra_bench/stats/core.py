@@ -8,6 +8,7 @@ command line prints against the truth; `paired` wraps these for one comparison. 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats
 
 
@@ -97,7 +98,7 @@ def sign_flip_p(
     return (extreme + 1) / (n_resamples + 1)
 
 
-def significant(p: np.ndarray, low: np.ndarray, high: np.ndarray, delta: np.ndarray, alpha: float) -> np.ndarray:
+def significant(p: ArrayLike, low: ArrayLike, high: ArrayLike, delta: ArrayLike, alpha: float) -> np.ndarray:
     """The verdict rule: p < alpha and the interval excludes 0 (NaN p or interval: not significant)."""
     p, low, high, delta = (np.asarray(x, dtype=float) for x in (p, low, high, delta))
     excludes = ~((low <= 0.0) & (0.0 <= high))

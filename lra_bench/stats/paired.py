@@ -222,8 +222,9 @@ def compare_average(
         raise ValueError("no task results to average")
     delta = float(np.mean([r.delta for r in results]))
     draws = None
-    if all(r.draws is not None for r in results):
-        draws = np.mean([r.draws for r in results], axis=0)
+    every_draw = [r.draws for r in results if r.draws is not None]
+    if len(every_draw) == len(results):
+        draws = np.mean(every_draw, axis=0)
     boot = percentile_interval(draws, level) if draws is not None else None
     seeds = min(r.n_seeds for r in results)
     if all(r.n_seeds >= 2 for r in results):

@@ -123,7 +123,7 @@ def _problem(a: Sequence[Timing], b: Sequence[Timing]) -> tuple[str, str] | None
     if unknown:
         whose = " and ".join(unknown)
         return UNKNOWN, f"{whose}'s records do not say how many steps were timed or their spread (older records)"
-    if min(t.timed_steps for t in (*a, *b)) < MIN_TIMED_STEPS:  # type: ignore[type-var]
+    if min(t.timed_steps or 0 for t in (*a, *b)) < MIN_TIMED_STEPS:  # (None was answered above)
         return TOO_FEW, f"needs ≥ {MIN_TIMED_STEPS} timed steps in every run"
     return None
 

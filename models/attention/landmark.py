@@ -8,6 +8,7 @@ Subclasses take their own knobs as keyword arguments and pass the shared geometr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -21,6 +22,8 @@ class LandmarkAttention(Attention):
 
     takes_selector: ClassVar[bool] = True
     rank_knob: ClassVar[str | None] = "num_landmarks"
+    #: `T(q, k) v` without forming T, in the variants that have one (pivoted, WildCat): `operator_matrix` uses it
+    _operator: Callable[..., torch.Tensor]
 
     def __init__(
         self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, num_landmarks: int | str = 64

@@ -49,6 +49,8 @@ def gaussian_features(
 class PerformerAttention(Attention):
     name = "performer"
     config = PerformerConfig
+    projection: torch.Tensor
+    passes: torch.Tensor
     rank_knob = "num_features"
 
     def __init__(

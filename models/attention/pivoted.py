@@ -120,7 +120,7 @@ class PivotedAttention(LandmarkAttention):
                 f"attn=pivoted needs token landmarks; selector {type(self.selector).__name__} returns cluster means"
             )
         rows, rows_valid = getattr(lm, "rows", None), getattr(lm, "rows_valid", None)
-        if rows is None:
+        if rows is None or rows_valid is None:
             ell = sketch_size(self.sketch_rows, lm.count, q.shape[-2])
             sketch = self.row_sampler(q, k, mask, ell)
             rows, rows_valid = sketch.indices, sketch.valid
@@ -178,7 +178,7 @@ class PivotedAttention(LandmarkAttention):
         ell = sketch_rows(r, n, params)
         # kernel mode: exact sketch rows E_S (ℓ×n) and E_S·V, C_S = E_S[:, J], E[:, J] for all rows, the ridge
         # solve (Gram, right-hand side, LU) and C (T [V | 1]). `columns: exact` adds the O(n²d) log-sum-exp.
-        diff = 2 * ell * n * d + 2 * ell * r * d + 2 * n * r * d + 2 * ell * n * d
+        diff: float = 2 * ell * n * d + 2 * ell * r * d + 2 * n * r * d + 2 * ell * n * d
         diff += 2 * ell * r * r + 2 * ell * r * (d + 1) + (2 / 3) * r**3 + 2 * r * r * (d + 1) + 2 * n * r * (d + 1)
         if params.get("columns", "exact") == "exact":
             diff += 4.0 * n * n * d  # blockwise lse (forward) + the exact sketch rows' softmax

@@ -57,6 +57,9 @@ def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tenso
 class PolynomialAttention(Attention):
     name = "polynomial"
     config = PolynomialConfig
+    upper: torch.Tensor
+    index: torch.Tensor
+    weights: torch.Tensor
 
     @classmethod
     def feature_dim(cls, d: int, params: Params) -> int:

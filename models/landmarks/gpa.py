@@ -66,6 +66,10 @@ class GPAConfig:
 class ProgressiveKMeansSelector(SeededSelector):
     name = "gpa"
     config = GPAConfig
+    codebook: torch.Tensor
+    codebook_valid: torch.Tensor
+    passes: torch.Tensor
+    refreshes: torch.Tensor
 
     randomized = False
 

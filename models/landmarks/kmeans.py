@@ -32,6 +32,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 
@@ -103,6 +104,14 @@ def half_distances(x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor | Non
     return out.reshape(*lead, x.shape[-2], c.shape[-2])
 
 
+@overload
+def assign(
+    x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor, distances: Literal[True] = True
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def assign(
+    x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor, distances: Literal[False]
+) -> tuple[torch.Tensor, None]: ...
 def assign(
     x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor, distances: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

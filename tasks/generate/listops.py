@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,11 +169,11 @@ def _stop_signals_deferred() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for signum in arrived:
-            signal.raise_signal(signum)  # to the handler that was in place, exactly as if it arrived now
+        for number in arrived:
+            signal.raise_signal(number)  # to the handler that was in place, exactly as if it arrived now
 
 
-def _chunks_in_order(seed: int, knobs: Knobs, workers: int) -> Iterator[tuple[list[tuple[str, int]], int]]:
+def _chunks_in_order(seed: int, knobs: Knobs, workers: int) -> Generator[tuple[list[tuple[str, int]], int], None, None]:
     """Chunk results for index 0, 1, 2, … in order; `workers` processes compute ahead of the consumer.
 
     A `forkserver` pool: no fork of a possibly multi-threaded caller (a training process), and the workers
