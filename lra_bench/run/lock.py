@@ -66,18 +66,23 @@ class RunDirLock:
             os.close(fd)
 
 
-def check_free(run_dir: str | Path) -> None:
-    """Raise `ConfigError` when another process holds `run_dir`'s lock (a probe: takes and drops it at once)."""
+def is_held(run_dir: str | Path) -> bool:
+    """Whether a live process holds `run_dir`'s lock (a probe: takes and drops a shared lock at once)."""
     path = Path(run_dir) / LOCK_FILE
-    if not path.exists():
-        return
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+    except OSError:  # no lock file: never locked
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise in_use_error(Path(run_dir)) from None
+        return True
     finally:
         os.close(fd)
+    return False
+
+
+def check_free(run_dir: str | Path) -> None:
+    """Raise `ConfigError` when another process holds `run_dir`'s lock."""
+    if is_held(run_dir):
+        raise in_use_error(Path(run_dir))
