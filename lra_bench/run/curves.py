@@ -29,7 +29,9 @@ def _version(path: Path) -> int:
 
 def read_metrics(run_dir: Path) -> pd.DataFrame | None:
     """Every attempt's logged rows as one frame sorted by step (later attempts win on re-run steps); None when the
-    run logged no CSV. `step` counts the optimizer steps done, as the record and the checkpoint names do."""
+    run logged no CSV. `step` counts the optimizer steps done, as the record and the checkpoint names do. Only
+    training and validation rows are kept: the rows written after training (efficiency, test) use another step
+    convention and belong to no curve."""
     files = sorted((Path(run_dir) / CSV_DIR).glob("version_*/metrics.csv"), key=_version)
     frames: list[pd.DataFrame] = []
     for path in files:
@@ -44,7 +46,9 @@ def read_metrics(run_dir: Path) -> pd.DataFrame | None:
         frames.append(frame)
     if not frames:
         return None
-    metrics = pd.concat(frames, ignore_index=True).sort_values("step", kind="stable").reset_index(drop=True)
+    metrics = pd.concat(frames, ignore_index=True)
+    during = metrics.filter(regex=r"^(train|val)/").notna().any(axis=1)
+    metrics = metrics[during].sort_values("step", kind="stable").reset_index(drop=True)
     metrics["step"] += 1  # Lightning logs the index of the step just taken; the record counts steps done
     return metrics
 
