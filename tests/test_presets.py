@@ -44,7 +44,9 @@ def test_a_preset_generates_the_lengths_it_states(preset: str) -> None:
     lengths = sorted(tokens(text) for text, _ in rows)
     assert lengths[-1] <= int(task.max_length)  # nothing is cut
     assert lengths[-1] >= 0.85 * int(task.gen_max_length), f"{preset}: longest {lengths[-1]} of {task.gen_max_length}"
-    assert statistics.median(lengths) >= 0.3 * int(task.gen_max_length), f"{preset}: median {statistics.median(lengths)}"
+    assert statistics.median(lengths) >= 0.3 * int(task.gen_max_length), (
+        f"{preset}: median {statistics.median(lengths)}"
+    )
 
 
 @pytest.mark.parametrize("preset", ("smoke", "cpu_small"))
