@@ -29,6 +29,7 @@ from typing import Any
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.aggregate import method_label
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
+from lra_bench.leaderboard.uncertainty import ERROR_BARS
 
 REFERENCE = "full"
 REFERENCE_KEYS = ("protocol", "task", "seq_len", "device")
@@ -224,7 +225,7 @@ def plot(chart: Chart, path: Path) -> Path:
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, labelspacing=3.4, borderpad=1.6,
               title=f"bubble area ∝\n{chart.memory_label}", title_fontsize=8, frameon=False)  # fmt: skip
     ax.grid(alpha=0.3, which="major")
-    ax.set_title(chart.title + "\n(error bars: 95% CI over seeds)", fontsize=10)
+    ax.set_title(f"{chart.title}\n({ERROR_BARS})", fontsize=10)
     fig.savefig(path, dpi=110)
     return path
 
