@@ -9,10 +9,13 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lra_bench.leaderboard import experiments, uncertainty
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: what sets an experiment apart within one method's cell (group and wide rows alike); `variant_full` is the legend
 EXPERIMENT_COLUMNS = ("rank_budget", "variant", "variant_full", "conformance", "off_protocol", "deviations")
@@ -287,10 +290,14 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]
 
 
 def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
-    """Test accuracy against peak memory and against step time for one task, one point per group.
+    """Test accuracy against peak memory and against step time for one task (`task_figure`), as a PNG."""
+    task_figure(task, rows).savefig(path, dpi=110)
+    return path
 
-    The error bars are the leaderboard's 95% intervals (`uncertainty`), the same as the Pareto charts', and the
-    title says so; the legend sits beside the axes, so it hides no point."""
+
+def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:
+    """One point per group; the error bars are the leaderboard's 95% intervals (`uncertainty`), the same as the
+    Pareto charts', and the title says so; the legend sits beside the axes, so it hides no point."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -318,8 +325,7 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
     if legend:  # one legend for both panels (the same rows), outside the axes
         fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize="x-small")
     fig.suptitle(f"{TASK_LABELS.get(task, task)}: accuracy against cost\n({uncertainty.ERROR_BARS})", fontsize=10)
-    fig.savefig(path, dpi=110)
-    return path
+    return fig
 
 
 def _interval_cell(row: dict[str, Any], key: str, rank_key: str) -> str:
