@@ -103,7 +103,9 @@ def print_summary(record: dict[str, Any]) -> None:
 def next_commands(record: dict[str, Any]) -> list[str]:
     """What to type next, as the summary's last lines: resume a stopped run, list the runs, compare this one."""
     run_dir = record["run"]["output_dir"]
-    root = (record.get("config") or {}).get("output_root") or str(Path(run_dir).parent.parent.parent)
+    root = str((record.get("config") or {}).get("output_root") or "")
+    if not root or not Path(run_dir).resolve().is_relative_to(Path(root).resolve()):
+        root = str(Path(run_dir).parent)  # a sweep's job: its sweep dir
     status = record["status"]
     if status == "interrupted":
         return ["next:          the same command resumes from checkpoints/last.ckpt"]
