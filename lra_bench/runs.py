@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from lra_bench.leaderboard.aggregate import find_results, load_records
@@ -120,14 +121,15 @@ def matches(row: dict[str, Any], args: argparse.Namespace) -> bool:
 
 
 def render(rows: Sequence[dict[str, Any]], console: Console) -> None:
+    """The table, never narrower than its cells need: only the overrides fold; every other cell stays whole (a
+    path that must paste, a number that must not read `…`), so a line longer than the terminal wraps there."""
     table = Table(header_style="bold", pad_edge=False, box=None)
-    table.add_column("status")
-    table.add_column("task")
-    table.add_column("attention")
-    table.add_column("overrides", overflow="fold")
-    table.add_column("val %", justify="right")
-    table.add_column("test %", justify="right")
-    table.add_column("step", justify="right")
+    for name in ("status", "task", "attention"):
+        table.add_column(name, no_wrap=True)
+    longest = max((len(item) for row in rows for item in row["overrides"].split()), default=0)
+    table.add_column("overrides", overflow="fold", min_width=min(max(longest, 16), 48))  # one override per line
+    for name in ("val %", "test %", "step"):
+        table.add_column(name, justify="right", no_wrap=True)
     table.add_column("run dir", no_wrap=True)
     for row in rows:
         style = STATUS_STYLE.get(row["status"], "")
@@ -141,6 +143,8 @@ def render(rows: Sequence[dict[str, Any]], console: Console) -> None:
             row["step"],
             row["path"],
         )
+    needed = Measurement.get(console, console.options.update_width(100_000), table).minimum
+    console.width = max(console.width, needed + 2)  # (+2: the measure leaves out the last column's edge)
     console.print(table)
 
 
@@ -188,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [row_of(r) for r in records]
     rows.sort(key=lambda r: (r["task"], r["attn"], r["started"]))
     shown = [r for r in rows if matches(r, args)]
-    console = Console(width=max(Console().width, 160), highlight=False)
+    console = Console(highlight=False)
     if shown:
         render(shown, console)
     counts: dict[str, int] = {}
