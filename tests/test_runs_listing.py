@@ -116,3 +116,24 @@ def test_the_run_listing_refuses_a_dir_without_runs_with_one_line(tmp_path: Path
         proc = runs(*args)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
+
+
+def test_a_resumed_runs_curve_joins_its_attempts_and_counts_steps_done(tmp_path: Path) -> None:
+    """Two attempts in Lightning's CSV layout (`csv/version_N/metrics.csv`, the step index of the step just taken):
+    the second resumed from step 3, so its rows replace the first's from there; rows after training (test,
+    efficiency) are no curve's."""
+    from lra_bench.run.curves import read_metrics
+
+    first = tmp_path / "csv" / "version_0"
+    second = tmp_path / "csv" / "version_1"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    header = "epoch,step,train/loss,val/acc,test/acc,efficiency/params\n"
+    (first / "metrics.csv").write_text(header + "".join(f"0,{s},{2.0 - s / 10},,,\n" for s in range(6)))
+    rows = "".join(f"0,{s},{1.0 - s / 10},,,\n" for s in range(3, 8)) + "0,7,,0.5,,\n0,8,,,0.4,\n0,8,,,,6218\n"
+    (second / "metrics.csv").write_text(header + rows)
+    metrics = read_metrics(tmp_path)
+    losses = metrics.dropna(subset=["train/loss"])
+    assert losses["step"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]  # steps done, each once
+    assert losses["train/loss"].tolist() == pytest.approx([2.0, 1.9, 1.8, 0.7, 0.6, 0.5, 0.4, 0.3])
+    assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [8] and metrics["test/acc"].isna().all()

@@ -1,6 +1,7 @@
 """`curves.png` beside a run's record: train loss and val accuracy against step, the best-val step marked.
 
-Drawn at the end of every run (completed, interrupted or failed) from the run's own CSV metrics
+Drawn at the end of every run that completes or fails (one stopped by SIGTERM/Ctrl-C draws them when its resumed
+run ends: drawing while a second Ctrl-C may arrive would risk the exit status 130/143) from the run's own CSV metrics
 (`<run dir>/csv/version_*/metrics.csv`, one version per attempt), so a glance says whether the model learned, when
 it stopped improving, and whether the schedule was long enough — without W&B. A resumed run's attempts are joined:
 an attempt's rows replace the earlier attempt's rows from its first logged step on (the steps it re-ran after the

@@ -327,9 +327,9 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         stop.restore()
         record["run"]["finished_at"] = now()
         write_record()
-        if is_zero and owned:
-            draw_curves(output_dir, record)
         finish_wandb()
+        if is_zero and owned and stop.received is None:  # a stopped run draws them when it completes
+            draw_curves(output_dir, record)
         if lock is not None:
             lock.release()
         if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
