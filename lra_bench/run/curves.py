@@ -90,7 +90,8 @@ def write_curves(run_dir: Path, record: dict[str, Any]) -> Path | None:
     if majority is not None:
         right.axhline(100 * majority, color="grey", ls=":", lw=1, label=f"majority class {100 * majority:.1f}%")
     if not acc.empty:
-        best = acc.loc[acc[VAL_ACC].idxmax()]  # the first step at the best value, as the best-val checkpoint
+        # the first step at the best value, as the best-val checkpoint
+        best = acc.iloc[int(acc[VAL_ACC].to_numpy().argmax())]
         step, value = int(best["step"]), 100 * float(best[VAL_ACC])
         recorded = (record.get("metrics") or {}).get("best_step")
         if recorded is not None and (acc["step"] == recorded).any():  # the step the tested checkpoint was saved at
