@@ -42,7 +42,7 @@ test-fast: $(STAMP)  ## the fast tier only
 	$(PY) -m pytest -q -m "not slow and not gpu"
 
 DEMO_ARGS ?=
-demo: $(STAMP)  ## quick ListOps run with GPA on generated data (CSV + offline W&B); DEMO_ARGS='key=value …' adds overrides
+demo: $(STAMP)  ## GPA on generated ListOps of 32–128 tokens (experiment=cpu_small; CSV + offline W&B); DEMO_ARGS='key=value …' adds overrides
 	$(PY) run.py experiment=demo $(DEMO_ARGS)
 
 lint: $(STAMP)  ## ruff

@@ -77,12 +77,13 @@ def _fake_sweep(sweep: Path) -> None:
         results.write_atomic(sweep / f"seed={seed}" / results.FILENAME, record)
 
 
-def test_multirun_end_builds_the_leaderboard_in_the_sweep_dir(tmp_path: Path) -> None:
+def test_multirun_end_builds_the_leaderboard_in_the_sweep_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _fake_sweep(tmp_path)
     cfg = compose([f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
     callback = LeaderboardCallback(plots=False)
     callback.on_multirun_start(cfg)
     callback.on_multirun_end(cfg)
+    assert "protocol nystromformer:" in capsys.readouterr().out  # the sweep's main table, in the terminal
     text = (tmp_path / "leaderboard.md").read_text()
     assert "## Failed or unfinished runs (1)" in text and "DataSourceError: gone" in text
     assert (tmp_path / "leaderboard.csv").exists()

@@ -228,7 +228,14 @@ def slurm(request: pytest.FixtureRequest) -> object | None:
 
 def test_the_readme_command_blocks_are_found() -> None:
     commands = readme_commands()
-    assert commands[:2] == ["make demo", "make test"], "the README's first screen shows exactly these"
+    first_screen = [
+        "make demo",
+        "make test",
+        "python run.py experiment=smoke attn=nystrom",
+        "python run.py experiment=cpu_small attn=nystrom",
+        "python -m lra_bench.runs",
+    ]
+    assert commands[:5] == first_screen, "the README's first screen shows exactly these: set-up, presets, runs"
     assert any(c.startswith("python run.py task=listops attn=gpa") for c in commands)
     assert len(commands) > 20
 

@@ -1,5 +1,7 @@
 """`python -m lra_bench.compare A B [--in DIR...] [--json PATH] [--out PATH.md]` (see the package docstring).
 
+In a terminal the report's main table is drawn (rich); piped or redirected, the report is markdown (`> report.md`).
+
 Exit status: 0 with the report on stdout; 2 with one line on stderr for bad input or an unfair comparison.
 """
 
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lra_bench.compare.pairing import common_tasks, compare_sides
-from lra_bench.compare.report import render_markdown, to_json
+from lra_bench.compare.report import print_report, render_markdown, to_json
 from lra_bench.compare.sides import CompareError, check_comparable, collect
 from lra_bench.stats.paired import DEFAULT_RESAMPLES, DEFAULT_SEED
 
@@ -82,7 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"compare: {err}", file=sys.stderr)
         return 2
     text = render_markdown(comparison, args.alpha)
-    print(text, end="")
+    if sys.stdout.isatty():  # a person reads it: the main table drawn; piped or redirected, plain markdown
+        print_report(comparison, args.alpha)
+    else:
+        print(text, end="")
     if args.out:
         args.out.write_text(text)
     if args.json:

@@ -4,7 +4,7 @@ efficiency and notes) and as a program reads it (JSON). Nothing here computes a 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from lra_bench.compare.pairing import Comparison, Efficiency, TaskComparison
 from lra_bench.compare.sides import Side
@@ -12,6 +12,14 @@ from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.stats.paired import MCNEMAR, SIGN_FLIP, T_TEST, WELCH, PairedResult
 from lra_bench.stats.speed import MIN_TIMED_STEPS, TOO_FEW, UNMEASURED, SpeedRatio
 from lra_bench.stats.verdict import METHOD_SEEDS, significant, verdict
+
+
+class Table(NamedTuple):
+    """The comparison's main table: one row per task (and the average), the columns of `report_parts`."""
+
+    header: list[str]
+    body: list[list[str]]
+
 
 SHORT_TEST = {T_TEST: "paired t", MCNEMAR: "McNemar", WELCH: "Welch t", SIGN_FLIP: "sign-flip"}
 
@@ -180,7 +188,9 @@ def _efficiency_line(task: str, eff: Efficiency, level: float) -> str:
     return f"- {task_label(task)}: " + ("; ".join(parts) if parts else "not measured")
 
 
-def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
+def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str], Table, list[str]]:
+    """The report as (lines before the main table, the main table, lines after it): markdown renders the table as
+    a pipe table (`render_markdown`), a terminal as a rich table (`print_report`)."""
     c = comparison
     names = [t.task for t in c.tasks]
     level = round(100 * c.level)
@@ -240,9 +250,7 @@ def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
         body.append(
             _row(f"average ({len(c.tasks)} tasks)", c.average.n_seeds, acc, c.average, None, c.average_efficiency, "")
         )
-    out += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(row) + " |" for row in body]
-    out += ["", "## Verdicts", ""]
+    before, out = out, ["", "## Verdicts", ""]
     out += [f"- {task_verdict(c, t, alpha)}" for t in c.tasks]
     if c.average is not None:
         out.append(f"- {verdict(c.a.label, c.b.label, average_label(names), c.average, alpha, c.level)}")
@@ -264,7 +272,29 @@ def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
     notes = _notes(c)
     if notes:
         out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
-    return "\n".join(out) + "\n"
+    return before, Table(header, body), out
+
+
+def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
+    before, table, after = report_parts(comparison, alpha)
+    pipe = ["| " + " | ".join(table.header) + " |", "|" + "|".join("---" for _ in table.header) + "|"]
+    pipe += ["| " + " | ".join(row) + " |" for row in table.body]
+    return "\n".join([*before, *pipe, *after]) + "\n"
+
+
+def print_report(comparison: Comparison, alpha: float = 0.05, console: Any = None) -> None:
+    """The report for a terminal: the same text, the main table drawn by rich (markdown's pipes are hard to read)."""
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    console = console or Console(highlight=False)
+    before, table, after = report_parts(comparison, alpha)
+    console.print("\n".join(before).rstrip(), markup=False)
+    drawn = RichTable(*table.header, header_style="bold")
+    for row in table.body:
+        drawn.add_row(*row)
+    console.print(drawn)
+    console.print("\n".join(after).rstrip(), markup=False)
 
 
 def _notes(c: Comparison) -> list[str]:

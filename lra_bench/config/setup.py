@@ -17,20 +17,72 @@ _DONE = False
 PASTEABLE = "A-Za-z0-9_.+@%\\-"
 
 
+#: longest run folder name; a longer one is shortened by whole `key-value` items and ends in a hash of the full one
+MAX_NAME = 120
+HASH_CHARS = 10
+#: an override item's start, `key-` (config keys hold no `-`; a `+` inside a value starts no new item)
+_ITEM_START = re.compile(r"^~?[A-Za-z_][\w./]*(-|$)")
+
+
+def override_items(name: str) -> list[str]:
+    """The `key-value` items of an `override_dirname` (`item_sep` is `+`, which also prefixes `+key=` overrides and
+    may sit inside a value such as `1e+3`)."""
+    items: list[str] = []
+    prefix = ""
+    for part in name.split("+"):
+        if not part:  # `++key` / `+key`: the `+` belongs to the next item
+            prefix += "+"
+        elif items and not prefix and not _ITEM_START.match(part):
+            items[-1] += "+" + part  # a `+` inside the previous item's value
+        else:
+            items.append(prefix + part)
+            prefix = ""
+    return items
+
+
+def _short_key(item: str) -> str:
+    """`task.gen_num_test-128` → `gen_num_test-128`: the last component of the key, the value whole."""
+    key, sep, value = item.partition("-")
+    return key.lstrip("+~").rsplit(".", 1)[-1] + sep + value
+
+
+def shorten(name: str, limit: int = MAX_NAME) -> str:
+    """`name` if it fits; otherwise whole items only, never a value cut mid-number, then `-<hash of name>`.
+
+    First every key is cut to its last component; if that is still too long, whole items are left out from the end
+    (the seed is always kept: two seeds must never look alike) and `+N_more` says how many. The hash tells apart
+    names that shorten alike.
+    """
+    if len(name) <= limit:
+        return name
+    digest = "-" + hashlib.sha1(name.encode()).hexdigest()[:HASH_CHARS]
+    items = [_short_key(item) for item in override_items(name)]
+    budget = limit - len(digest)
+    if len("+".join(items)) <= budget:
+        return "+".join(items) + digest
+    seeds = [item for item in items if item.startswith("seed-")]
+    others = [item for item in items if not item.startswith("seed-")]
+    while others:
+        kept = [*others, *seeds]
+        more = f"+{len(items) - len(kept)}_more" if len(kept) < len(items) else ""
+        if len("+".join(kept)) + len(more) <= budget:
+            return "+".join(kept) + more + digest
+        others.pop()
+    return ("+".join(seeds) + f"+{len(items) - len(seeds)}_more")[:budget].lstrip("+") + digest
+
+
 def run_dir(run_name: str | None, override_dirname: str | None) -> str:
     """The run's folder name: `run_name` if given, else the (sorted) overrides, else `default`.
 
     The same command therefore lands in the same folder — which is what makes re-running it resume from
     `last.ckpt` — while any change of an override gives a new folder. (Keys left out of the name, e.g. `data_dir`,
     can still make another experiment: `lra_bench.run.run_state` refuses to mix two in one folder.) Every name is
-    made of `PASTEABLE` characters, so `ckpt_path=<run dir>/checkpoints/last.ckpt` works unquoted.
+    made of `PASTEABLE` characters, so `ckpt_path=<run dir>/checkpoints/last.ckpt` works unquoted, and a long one is
+    shortened by whole items (`shorten`): a name never shows a cut value (`gen_num_test-12` for 128).
     """
     if run_name:
         return str(run_name)
-    name = re.sub(f"[^{PASTEABLE}]", "_", override_dirname or "") or "default"
-    if len(name) > 120:
-        name = name[:100] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
-    return name
+    return shorten(re.sub(f"[^{PASTEABLE}]", "_", override_dirname or "") or "default")
 
 
 def slurm_gpus(accelerator: str | None, devices: object) -> object:

@@ -321,6 +321,16 @@ def check_writable(output_dir: str | Path, key: str = "output dir") -> None:
         ) from None
 
 
+def check_run_name(cfg: DictConfig) -> None:
+    """`run_name=latest` would land in the link to the newest run (`lra_bench.run.latest`), i.e. in another run."""
+    from lra_bench.run.latest import LINK
+
+    if str(cfg.get("run_name")) == LINK:
+        raise ConfigError(
+            f"run_name={LINK}: that name is the link to the newest run of a task and attention; choose another name"
+        )
+
+
 def check_resolvable(cfg: DictConfig) -> None:
     """Every interpolation resolves (`${tuned:...}` of `tuning=tuned`, `${oc.env:...}`): else one line naming the key
     and the resolver's own message, instead of a traceback from wherever the value is first read."""
@@ -373,6 +383,7 @@ def validate(cfg: DictConfig) -> None:
     check_components(cfg)
     check_rules(cfg)
     check_paths(cfg)
+    check_run_name(cfg)
     check_callback_targets(cfg)
     check_selector(cfg)
     check_landmarks(cfg)

@@ -1,5 +1,6 @@
 """`python -m lra_bench.leaderboard DIR... [--out OUTDIR]`: one table from every `results.json` below DIRs.
 
+Prints the main table (per protocol: our methods beside the published rows; `terminal`), then the files it wrote.
 Reads only result records, so it works offline, on any cluster filesystem, and on a sweep that
 is still running. Writes `leaderboard.md`, `leaderboard.csv` (one row per group), `leaderboard_wide.csv`
 (one row per method, ours and published), `leaderboard_reproduced.csv` (does each published number reproduce:
@@ -14,8 +15,10 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich.console import Console
+
 from lra_bench.leaderboard import aggregate as data
-from lra_bench.leaderboard import locality, pareto, reproduced, uncertainty, wandb_log
+from lra_bench.leaderboard import locality, pareto, reproduced, terminal, uncertainty, wandb_log
 from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
 from lra_bench.leaderboard.wandb_log import log_to_wandb
@@ -139,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode = wandb_log.resolve_mode(None if args.wandb == "auto" else args.wandb)
         wandb_dir = log_to_wandb(result, mode=mode, project=args.wandb_project, group=args.wandb_group)
         wandb_failed = wandb_dir is None and mode != "disabled"
+    console = Console(width=max(Console().width, 120), highlight=False)
+    terminal.print_summary(result["wide"], result["published"], console)
     print(
         f"{result['n_files']} results.json: {len(result['rows'])} groups, {len(result['failures'])} failed or "
         f"unfinished, {len(result['unreadable'])} unreadable"

@@ -19,6 +19,7 @@ attn, selector, protocol, landmarks, seed and their resolved config), so they st
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -95,3 +96,12 @@ def label_rows(rows: Sequence[dict[str, Any]], cell_keys: Sequence[str]) -> None
     for row in rows:
         key = (*(row.get(k) for k in cell_keys), row["conformance"])
         row["variant"], row["variant_full"] = labels[key][row["fingerprint"]]
+
+
+def short_variant(variant: str | None) -> str:
+    """A variant label short enough for a plot legend or a terminal cell: its legend tag (`⟨v-1a2b3c⟩`, spelled out
+    in `leaderboard.md`'s variant legend) when it has one, else the label itself."""
+    if not variant:
+        return ""
+    tag = re.search(r"⟨[^⟩]+⟩$", variant)
+    return tag.group(0) if tag else variant

@@ -24,11 +24,15 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.aggregate import method_label
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
+from lra_bench.leaderboard.uncertainty import ERROR_BARS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 REFERENCE = "full"
 REFERENCE_KEYS = ("protocol", "task", "seq_len", "device")
@@ -181,7 +185,14 @@ def average_charts(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]
 
 
 def plot(chart: Chart, path: Path) -> Path:
-    """Bubble chart with the frontier as a step line (matplotlib Agg, no global pyplot state)."""
+    """The bubble chart (`chart_figure`) as a PNG."""
+    chart_figure(chart).savefig(path, dpi=110)
+    return path
+
+
+def chart_figure(chart: Chart) -> Figure:
+    """Bubble chart with the frontier as a step line (matplotlib Agg, no global pyplot state); its error bars are
+    the leaderboard's intervals (`uncertainty.ERROR_BARS`), as the per-task plots' are."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -230,9 +241,8 @@ def plot(chart: Chart, path: Path) -> Path:
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, labelspacing=3.4, borderpad=1.6,
               title=f"bubble area ∝\n{chart.memory_label}", title_fontsize=8, frameon=False)  # fmt: skip
     ax.grid(alpha=0.3, which="major")
-    ax.set_title(chart.title + "\n(error bars: 95% CI over seeds)", fontsize=10)
-    fig.savefig(path, dpi=110)
-    return path
+    ax.set_title(f"{chart.title}\n({ERROR_BARS})", fontsize=10)
+    return fig
 
 
 def _slug(text: str) -> str:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lra_bench.diagnostics import LOCALITY_WINDOWS
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: what sets an experiment apart within one method's cell (group and wide rows alike); `variant_full` is the legend
 EXPERIMENT_COLUMNS = ("rank_budget", "window", "variant", "variant_full", "conformance", "off_protocol", "deviations")
@@ -162,6 +165,7 @@ def render_markdown(
         "deviation over seeds (ddof=1, shown only for n ≥ 2); n = number of seeds.",
         "Published rows come from the papers (see *Published reference rows*); they are shown beside ours "
         "and never enter our means.",
+        f"Confidence {uncertainty.CLIPPED}.",
         "",
         "## Per-method summary (test accuracy)",
         "",
@@ -186,8 +190,11 @@ def render_markdown(
         out += ["(no completed runs)", ""]
     out += list(sections)
 
+    shown = [src for src in sources.values() if src.get("protocol") in protocols]  # the protocols our runs followed
     out += ["## Published reference rows (not ours)", "", CONVENTIONS, ""]
-    for src in sources.values():
+    if not shown:
+        out += ["(none for the protocols of these runs)", ""]
+    for src in shown:
         mine = [r for r in published if r["source"] == src["label"]]
         protocol = f"`{src['protocol']}`" if src.get("protocol") else "none of ours (own recipe)"
         out += [
@@ -204,6 +211,10 @@ def render_markdown(
             notes.append(f"- peak memory as published (MB): {', '.join(memory)}")
         if notes:
             out += [*notes, ""]
+    others = [src["label"] for src in sources.values() if src not in shown]
+    if others:
+        out += [f"Published tables of other protocols, not shown: {', '.join(others)} (all of them: "
+                "`leaderboard_wide.csv`, `lra_bench/leaderboard/published.json`).", ""]  # fmt: skip
 
     out += ["## All groups (one experiment each: runs that differ only in their seed)", ""]
     header = [
@@ -310,42 +321,43 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]
 
 
 def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
-    """Test accuracy against peak memory and against step time for one task, one point per group."""
+    """Test accuracy against peak memory and against step time for one task (`task_figure`), as a PNG."""
+    task_figure(task, rows).savefig(path, dpi=110)
+    return path
+
+
+def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:
+    """One point per group; the error bars are the leaderboard's 95% intervals (`uncertainty`), the same as the
+    Pareto charts', and the title says so; the legend sits beside the axes, so it hides no point."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    fig = Figure(figsize=(13, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
     panels = (("peak_memory_mib", "peak memory (MiB)"), ("step_time_median_ms", "median step time (ms)"))
     for ax, (key, xlabel) in zip(axes, panels):
-        points = [r for r in rows if r.get(key) is not None and r.get("test_acc_mean") is not None]
-        for i, r in enumerate(points):
+        points = [(i, r) for i, r in enumerate(rows) if r.get(key) is not None and r.get("test_acc_mean") is not None]
+        for i, r in points:  # a row's colour is the same in both panels
             label = f"{r['attn']}" + (f"/{r['selector']}" if r["selector"] else "")
             label += f" m={r['rank_budget']}" if r["rank_budget"] is not None else ""
             label += f" w={r['window']}" if r.get("window") is not None else ""
             label += f" +SPT({r['pretraining']})" if r.get("pretraining") not in (None, "none") else ""
             label += f" [{r['protocol']}]" + MARKS.get(str(r.get("conformance")), "")
-            label += f" {r['variant']}" if r.get("variant") else ""
-            ax.errorbar(
-                r[key],
-                r["test_acc_mean"],
-                yerr=r["test_acc_std"] or 0.0,
-                fmt="o",
-                color=f"C{i % 10}",
-                capsize=3,
-                label=label,
-            )
+            label += f" {experiments.short_variant(r.get('variant'))}" if r.get("variant") else ""
+            mean, low, high = r["test_acc_mean"], r.get("test_acc_ci_low"), r.get("test_acc_ci_high")
+            error = None if low is None else [[mean - low], [high - mean]]
+            ax.errorbar(r[key], mean, yerr=error, fmt="o", color=f"C{i % 10}", capsize=3, label=label)
         if not points:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-        if points:
-            ax.legend(fontsize="x-small", loc="best")
-    fig.suptitle(f"{TASK_LABELS.get(task, task)}: accuracy against cost (mean ± std over seeds)")
-    fig.savefig(path, dpi=110)
-    return path
+    legend = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    if legend:  # one legend for both panels (the same rows), outside the axes
+        fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize="x-small")
+    fig.suptitle(f"{TASK_LABELS.get(task, task)}: accuracy against cost\n({uncertainty.ERROR_BARS})", fontsize=10)
+    return fig
 
 
 def _interval_cell(row: dict[str, Any], key: str, rank_key: str) -> str:
@@ -386,7 +398,8 @@ def uncertainty_section(wide: Sequence[dict[str, Any]]) -> list[str]:
         "(n ≥ 2; one seed has none); an average's interval combines its tasks' seed spreads (Welch–Satterthwaite), "
         f"and a Path-X counted as 50 in {AVG6_LABEL} adds none. Rank = 1 + the number of methods whose interval lies "
         "wholly above this one's, so methods whose intervals overlap are tied. Ranks are among the on-protocol rows "
-        "of one protocol (and task) only; off-protocol (⚠) and unchecked rows are listed apart and never ranked.",
+        "of one protocol (and task) only; off-protocol (⚠) and unchecked rows are listed apart and never ranked. "
+        f"The {uncertainty.CLIPPED}.",
         "",
         CONVENTIONS,
         "",

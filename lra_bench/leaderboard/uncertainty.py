@@ -6,6 +6,10 @@ Added to the rows `aggregate` built (new columns only; nothing there changes):
 * method rows (ours): `<task>_ci_low/high`, `<task>_rank`, and for both averages `avg5_ci_low/high`, `rank_avg5`,
   `avg6_ci_low/high`, `rank_avg6`. An average's interval combines the tasks' seed spreads (Welch–Satterthwaite);
   a Path-X counted as 50 is a constant and adds none.
+Every interval is clipped to [0, 100] (`ACCURACY_RANGE`): a t-interval over few seeds near 100% (or 0%) reaches past
+what an accuracy can be, and a bar or a cell beyond it reads as a measurement; a clipped end shows as 100.00 (0.00),
+and every table and plot says so (`CLIPPED`, `ERROR_BARS`). Clipping never changes which intervals overlap, so the
+ranks are the same either way.
 Ranks (`lra_bench.stats.summary.tie_aware_ranks`): 1 + the number of methods whose interval lies wholly above —
 so methods whose intervals overlap share a rank. Rows with one seed have no interval and no rank.
 Only on-protocol rows (`conformance == "on"`) are ranked, and only among each other within one protocol (and task):
@@ -24,6 +28,10 @@ from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS
 from lra_bench.stats.summary import average_interval, t_interval, tie_aware_ranks
 
 LEVEL = 0.95
+ACCURACY_RANGE = (0.0, 100.0)
+#: what every table and plot with these intervals says about them
+CLIPPED = "intervals are clipped to [0, 100] (an accuracy cannot leave it): an end shown as 0.00 or 100.00 was cut"
+ERROR_BARS = f"error bars: {LEVEL:.0%} CI over seeds (Student-t; none for one seed), clipped to [0, 100]"
 GROUP_COLUMNS = ("test_acc_ci_low", "test_acc_ci_high", "rank")
 WIDE_COLUMNS = (
     *(f"{t}_{c}" for t in TASKS for c in ("ci_low", "ci_high", "rank")),
@@ -36,8 +44,16 @@ WIDE_COLUMNS = (
 )
 
 
+def clip(ci: tuple[float, float] | None) -> tuple[float, float] | None:
+    """An accuracy interval cut to `ACCURACY_RANGE`."""
+    if ci is None:
+        return None
+    low, high = ACCURACY_RANGE
+    return max(low, min(high, ci[0])), max(low, min(high, ci[1]))
+
+
 def _set_interval(row: dict[str, Any], prefix: str, ci: tuple[float, float] | None) -> None:
-    row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = ci if ci is not None else (None, None)
+    row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = clip(ci) or (None, None)
 
 
 RANKED = "on"  # the one conformance class that is ranked

@@ -86,7 +86,7 @@ def parse(argv: list[str]) -> Settings:
         key = _key(arg)
         if key in ("windows", "methods", "seeds", "out"):
             try:
-                own[key] = OmegaConf.to_container(OmegaConf.from_dotlist([arg]), resolve=True)[key]  # type: ignore[index]
+                own[key] = OmegaConf.to_container(OmegaConf.from_dotlist([arg]), resolve=True)[key]  # type: ignore[call-overload,index]
             except OmegaConfBaseException as err:
                 raise SettingsError(f"{arg}: {str(err).splitlines()[0]}") from None
         elif key in OWN_RUN_KEYS:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from lra_bench.run.curves import FILENAME as CURVES
 from lra_bench.run.runlog import to_log_only
 
 ORDER = ("task", "attn", "selector", "protocol", "model", "optim", "data", "trainer", "logger", "diagnostics")
@@ -99,3 +100,25 @@ def print_summary(record: dict[str, Any]) -> None:
         console.print(f"checkpoint:    {evaluation['checkpoint']}", soft_wrap=True)
     console.print(f"outputs:       {run['output_dir']}", soft_wrap=True)
     console.print(f"result record: {Path(run['output_dir']) / 'results.json'}", soft_wrap=True)
+    curves = Path(run["output_dir"]) / CURVES
+    if curves.exists():
+        console.print(f"curves:        {curves}", soft_wrap=True)
+    for line in next_commands(record):
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def next_commands(record: dict[str, Any]) -> list[str]:
+    """What to type next, as the summary's last lines: resume a stopped run, list the runs, compare this one."""
+    run_dir = record["run"]["output_dir"]
+    root = str((record.get("config") or {}).get("output_root") or "")
+    if not root or not Path(run_dir).resolve().is_relative_to(Path(root).resolve()):
+        root = str(Path(run_dir).parent)  # a sweep's job: its sweep dir
+    status = record["status"]
+    if status == "interrupted":
+        return ["next:          the same command resumes from checkpoints/last.ckpt"]
+    if status == "failed":
+        return [f"next:          the error in full: {Path(run_dir) / 'run.log'}"]
+    return [
+        f"next:          python -m lra_bench.runs {root}    # every run there, with its accuracy",
+        f"               python -m lra_bench.compare {run_dir} <another run dir>    # does this one beat it?",
+    ]

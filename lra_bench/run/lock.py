@@ -12,6 +12,7 @@ refusal quotes. Taken by rank 0 only (the other DDP ranks of one launch are its 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import os
 import socket
 from pathlib import Path
@@ -81,16 +82,23 @@ class RunDirLock:
             self._lock.release(force=True)
 
 
-def check_free(run_dir: str | Path) -> None:
-    """Raise `ConfigError` when another process holds `run_dir`'s lock (a probe: takes and drops it at once)."""
-    run_dir = Path(run_dir)
-    if not (run_dir / LOCK_FILE).exists():
-        return
-    probe = _run_dir_lock(run_dir, write_holder=False)
+def is_held(run_dir: str | Path) -> bool:
+    """Whether a live process holds `run_dir`'s lock (a probe: takes and drops a shared lock at once)."""
+    path = Path(run_dir) / LOCK_FILE
     try:
-        probe.acquire()
-    except Timeout:
-        raise in_use_error(run_dir) from None
-    except OSError:  # unreadable lock file: the run itself will say so when it takes the lock
-        return
-    probe.release(force=True)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file: never locked
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def check_free(run_dir: str | Path) -> None:
+    """Raise `ConfigError` when another process holds `run_dir`'s lock."""
+    if is_held(run_dir):
+        raise in_use_error(Path(run_dir))

@@ -69,3 +69,22 @@ def check_steps_ran(trained: int, planned: int) -> None:
             f"training stopped after {trained} of trainer.max_steps={planned} planned steps; "
             "re-running the same command resumes"
         )
+
+
+def warmup_warning(cfg: DictConfig) -> str | None:
+    """One line when the learning rate never reaches `optim.lr`: `optim.warmup_steps >= trainer.max_steps`.
+
+    Every schedule (`lra_bench.run.module.lr_lambda`) reaches its peak at the end of the warm-up, so a run shrunk
+    by hand (`trainer.max_steps=20` under the protocol's 1,000 warm-up steps) trains at a few percent of its
+    learning rate and typically predicts one class: trainable, but misleading, so it warns instead of refusing.
+    """
+    warmup, max_steps = int(cfg.optim.get("warmup_steps", 0) or 0), int(cfg.trainer.max_steps)
+    if warmup < max_steps:
+        return None
+    reached = min(1.0, max_steps / warmup) if warmup else 1.0
+    return (
+        f"[lra-bench] warning: optim.warmup_steps={warmup} >= trainer.max_steps={max_steps}: the learning rate "
+        f"never passes the warm-up (it reaches {100 * reached:.0f}% of optim.lr={cfg.optim.lr} at the last step); "
+        f"set optim.warmup_steps below trainer.max_steps (e.g. optim.warmup_steps={max(1, max_steps // 10)}), or "
+        "try experiment=smoke / experiment=cpu_small"
+    )

@@ -14,6 +14,7 @@ instead (`lra_bench.run.evaluation`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,11 @@ from lra_bench.run.build import build_datamodule, build_model
 from lra_bench.run.checkpoint_io import RunCheckpointIO
 from lra_bench.run.console import conformance_line, print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
+from lra_bench.run.latest import point_latest
 from lra_bench.run.lock import RunDirLock
 from lra_bench.run.loggers import build_loggers, finish_wandb
 from lra_bench.run.progress import progress_callbacks
-from lra_bench.run.schedule import check_steps_ran
+from lra_bench.run.schedule import check_steps_ran, warmup_warning
 from lra_bench.run.signals import StopSignals
 from lra_bench.run.start import start_run
 from lra_bench.run.test_outputs import TestOutputs, test_and_record
@@ -236,7 +238,10 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         record["run"]["resumed_from_step"] = resume.step
         write_record()  # identity and protocol conformance are known now: readable while the run trains
         if is_zero:
+            point_latest(cfg, output_dir)
             print(conformance_line(record))
+            if warning := warmup_warning(cfg):
+                print(warning, file=sys.stderr, flush=True)
         # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
         checkpoint = ModelCheckpoint(
             dirpath=str(output_dir / CHECKPOINT_DIR),
@@ -326,6 +331,8 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         record["run"]["finished_at"] = now()
         write_record()
         finish_wandb()
+        if is_zero and owned and stop.received is None:  # a stopped run draws them when it completes
+            draw_curves(output_dir, record)
         if lock is not None:
             lock.release()
         if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
@@ -343,6 +350,16 @@ def model_summary(cfg: DictConfig) -> list[pl.Callback]:
     from pytorch_lightning.callbacks import ModelSummary
 
     return [ModelSummary()]
+
+
+def draw_curves(output_dir: Path, record: dict[str, Any]) -> None:
+    """`curves.png` beside the record; a failure to draw is one line, never the run's failure."""
+    from lra_bench.run.curves import write_curves
+
+    try:
+        write_curves(output_dir, record)
+    except Exception as err:  # a plot must never turn a finished run into a failed one
+        print(f"[lra-bench] curves.png not drawn: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
 def _build_module(cfg: DictConfig, dm: Any, source: Any = None, pretrain_info: Any = None) -> pl.LightningModule:

@@ -1,0 +1,211 @@
+"""`python -m lra_bench.runs [DIR...] [--task T] [--attn A] [--status S] [--where KEY=VALUE]`: every run, one line each.
+
+Where did my run go, did it finish, and how well did it do? One table of every `results.json` below DIRs (default:
+`outputs` and `multirun` where they exist): status, task, attention (and selector), the overrides that made the
+run (from its `.hydra/overrides.yaml`, logistics such as `data_dir` left out), best val and test accuracy, the
+step it reached of the steps planned, and its folder (relative to the current directory when below it, so it
+pastes into `ckpt_path=`, `python -m lra_bench.compare` or `evaluate`). A record that still says `running` while no
+process holds its run dir (`lra_bench.run.lock`) was killed: it is shown as `stopped`, and its step is the last one
+the CSV log holds. Reads only records and small files, so it is fast on a live sweep and on a cluster filesystem.
+
+Exit status 0 with the table; 2 with one line for a missing DIR or a DIR holding no run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+from lra_bench.leaderboard.aggregate import find_results, load_records
+from lra_bench.record.identity import LOGISTICS
+from lra_bench.run.curves import read_metrics
+from lra_bench.run.lock import is_held
+
+DEFAULT_DIRS = ("outputs", "multirun")
+#: a run's own overrides that its columns already show
+SHOWN = ("task", "attn", "selector")
+STATUS_STYLE = {"completed": "green", "evaluated": "cyan", "running": "yellow", "failed": "red", "stopped": "red"}
+
+
+def overrides_of(run_dir: Path) -> list[str]:
+    """The command-line overrides that made the run, without logistics and without what other columns show."""
+    try:
+        items = OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
+    except Exception:  # no Hydra folder (an `evaluate` record) or an unreadable one: nothing to show
+        return []
+    kept = []
+    for item in map(str, items):
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key in SHOWN or any(key == p or key.startswith(p + ".") or key.startswith(p + "/") for p in LOGISTICS):
+            continue
+        kept.append(item)
+    return kept
+
+
+def status_of(record: dict[str, Any], run_dir: Path) -> str:
+    """The record's status, except `stopped` for a `running` record that no live process holds (killed)."""
+    status = str(record.get("status"))
+    return "stopped" if status == "running" and not is_held(run_dir) else status
+
+
+def step_of(record: dict[str, Any], run_dir: Path) -> str:
+    """`reached/planned`: the record's steps when it finished, else the last step in the run's CSV log."""
+    metrics, run = record.get("metrics") or {}, record.get("run") or {}
+    planned = run.get("planned_steps") or ((record.get("config") or {}).get("trainer") or {}).get("max_steps")
+    if record.get("evaluation"):
+        return f"ckpt {record['evaluation'].get('checkpoint_step')}"
+    reached = metrics.get("train_steps")
+    if reached is None:
+        logged = read_metrics(run_dir)
+        reached = int(logged["step"].max()) if logged is not None and not logged.empty else 0
+    return f"{reached}/{planned}" if planned else str(reached)
+
+
+def shown_path(path: Path) -> str:
+    """The run dir relative to the current directory when it lies below it, else absolute."""
+    relative = os.path.relpath(path, Path.cwd())
+    return str(path) if relative.startswith("..") else relative
+
+
+def _percent(value: Any) -> str:
+    return "—" if value is None else f"{100 * float(value):.2f}"
+
+
+def row_of(record: dict[str, Any]) -> dict[str, Any]:
+    run_dir = Path(record["_path"]).parent
+    metrics = record.get("metrics") or {}
+    return {
+        "status": status_of(record, run_dir),
+        "task": str(record.get("task")),
+        "attn": str(record.get("attn")) + (f"/{record['selector']}" if record.get("selector") else ""),
+        "overrides": " ".join(overrides_of(run_dir)),
+        "val": _percent(metrics.get("val_acc")),
+        "test": _percent(metrics.get("test_acc")),
+        "step": step_of(record, run_dir),
+        "started": str((record.get("run") or {}).get("started_at") or ""),
+        "path": shown_path(run_dir),
+        "config": record.get("config") or {},
+    }
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def matches(row: dict[str, Any], args: argparse.Namespace) -> bool:
+    if args.task and row["task"] not in args.task:
+        return False
+    if args.attn and row["attn"].split("/")[0] not in args.attn:
+        return False
+    if args.status and row["status"] not in args.status:
+        return False
+    for condition in args.where:
+        key, _, wanted = condition.partition("=")
+        if str(_lookup(row["config"], key)) != wanted:
+            return False
+    return True
+
+
+def render(rows: Sequence[dict[str, Any]], console: Console) -> None:
+    """The table, never narrower than its cells need: only the overrides fold; every other cell stays whole (a
+    path that must paste, a number that must not read `…`), so a line longer than the terminal wraps there."""
+    table = Table(header_style="bold", pad_edge=False, box=None)
+    for name in ("status", "task", "attention"):
+        table.add_column(name, no_wrap=True)
+    longest = max((len(item) for row in rows for item in row["overrides"].split()), default=0)
+    table.add_column("overrides", overflow="fold", min_width=min(max(longest, 16), 48))  # one override per line
+    for name in ("val %", "test %", "step"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("run dir", no_wrap=True)
+    for row in rows:
+        style = STATUS_STYLE.get(row["status"], "")
+        table.add_row(
+            f"[{style}]{row['status']}[/]" if style else row["status"],
+            row["task"],
+            row["attn"],
+            row["overrides"] or "—",
+            row["val"],
+            row["test"],
+            row["step"],
+            row["path"],
+        )
+    needed = Measurement.get(console, console.options.update_width(100_000), table).minimum
+    console.width = max(console.width, needed + 2)  # (+2: the measure leaves out the last column's edge)
+    console.print(table)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m lra_bench.runs",
+        description="Every run below DIRs, one line each: status, task, attention, overrides, best val and test "
+        "accuracy (%), step reached / planned, run dir.",
+    )
+    p.add_argument("dirs", nargs="*", type=Path, help=f"dirs searched recursively (default: {', '.join(DEFAULT_DIRS)})")
+    p.add_argument("--task", nargs="+", default=[], help="only these tasks")
+    p.add_argument("--attn", nargs="+", default=[], help="only these attentions")
+    p.add_argument(
+        "--status",
+        nargs="+",
+        default=[],
+        choices=("completed", "running", "stopped", "interrupted", "failed", "evaluated"),
+        help="only runs in these states (stopped: the record says running but no process holds the run dir)",
+    )
+    p.add_argument(
+        "--where",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only runs whose resolved config has KEY=VALUE, e.g. seed=1 optim.lr=0.002",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    bad = [w for w in args.where if "=" not in w or not w.split("=", 1)[0]]
+    if bad:
+        p.exit(2, f"error: --where {bad[0]!r}: expected KEY=VALUE with a dotted config key, e.g. seed=1\n")
+    dirs = args.dirs or [Path(d) for d in DEFAULT_DIRS if Path(d).is_dir()]
+    missing = [str(d) for d in args.dirs if not d.exists()]
+    if missing:
+        p.exit(2, f"error: no such directory: {', '.join(missing)}\n")
+    paths = find_results(dirs) if dirs else []
+    if not paths:
+        where = ", ".join(map(str, dirs)) or f"{' or '.join(DEFAULT_DIRS)} (neither exists here)"
+        p.exit(2, f"error: no results.json under {where}; give the output or sweep dirs that hold the runs\n")
+    records, unreadable = load_records(paths)
+    rows = [row_of(r) for r in records]
+    rows.sort(key=lambda r: (r["task"], r["attn"], r["started"]))
+    shown = [r for r in rows if matches(r, args)]
+    console = Console(highlight=False)
+    if shown:
+        render(shown, console)
+    counts: dict[str, int] = {}
+    for row in shown:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    console.print(f"{len(shown)} of {len(rows)} runs" + (f": {summary}" if summary else ""))
+    if any(r["status"] == "stopped" for r in shown):
+        console.print("stopped: killed while running (no process holds its run dir); the same command resumes it")
+    for bad_record in unreadable:
+        print(f"unreadable: {bad_record['path']}: {bad_record['reason']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
