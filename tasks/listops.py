@@ -140,10 +140,6 @@ class ListOpsDataModule(LRADataModule):
                 f"Make them with `{self.generate_command(target)}`, unpack the official lra_release archive "
                 f"under data_dir, or set task.generate_if_missing=true."
             )
-        print(
-            f"[listops] no data under {self.data_dir}: generating {c['gen_num_train']}/{c['gen_num_val']}/"
-            f"{c['gen_num_test']} trees into {target} (seed {c['gen_seed']}) — once; later runs reuse them"
-        )
         self.generate_into(target)
 
     def check_layout(self, folder: Path) -> None:
@@ -178,10 +174,15 @@ class ListOpsDataModule(LRADataModule):
         """Generate into a private temp dir beside `target`, then rename it into place (an interrupted generation
         leaves no partial `listops-1000/`; a concurrent one that finished first wins)."""
         c = self.cfg
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
         started = time.monotonic()
-        try:
+        try:  # from the announcement on: a Ctrl-C the user sends after reading it is answered below
+            target.parent.mkdir(parents=True, exist_ok=True)
+            print(
+                f"[listops] no data under {self.data_dir}: generating {c['gen_num_train']}/{c['gen_num_val']}/"
+                f"{c['gen_num_test']} trees into {target} (seed {c['gen_seed']}) — once; later runs reuse them",
+                flush=True,
+            )
             generator.write_splits(
                 tmp,
                 c["gen_num_train"],

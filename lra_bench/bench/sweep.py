@@ -191,6 +191,7 @@ def _sweep_into(
                     )
                 plan[mode] = row
             todo = [mode for mode, row in plan.items() if "status" not in row]
+            elapsed = 0.0
             if todo:
                 spec["modes"] = todo
                 started = time.perf_counter()
@@ -200,12 +201,13 @@ def _sweep_into(
                     plan[mode].update(result.get(mode, {"status": "error", "error": "no result"}))
                     if plan[mode]["status"] == "timeout":
                         dead[variant.label] = f"skipped: timed out at n={n}"
-                log(f"[bench] n={n:>6} {variant.label:<40} {_brief(plan, todo)}  ({elapsed:.1f} s)")
             for mode, row in plan.items():
                 attach_costs(row, spec, mode, matmul_rate)
                 if row.get("status") == "ok":
                     history.setdefault((variant.label, mode), []).append((n, float(row["peak_mem_bytes"])))
-                rows.append(row)
+                rows.append(row)  # kept before it is reported: a Ctrl-C after the line below never loses it
+            if todo:
+                log(f"[bench] n={n:>6} {variant.label:<40} {_brief(plan, todo)}  ({elapsed:.1f} s)")
 
 
 def _brief(plan: dict[str, dict[str, Any]], todo: list[str]) -> str:
