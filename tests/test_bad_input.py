@@ -113,7 +113,10 @@ BAD_VALUES = {
     "callbacks.status_every_s": "0",
     "task.max_length": "0",
     "task.seq_len": "0",
+    "attn.window": "0",
 }
+#: what a rule's key needs composed before it exists (a component's own knob)
+CONTEXT = {"attn.window": ["attn=local"]}
 
 
 def test_every_validation_rule_has_a_bad_value_here() -> None:
@@ -126,7 +129,8 @@ def test_every_validation_rule_has_a_bad_value_here() -> None:
 def test_every_validation_rule_refuses_a_bad_value_in_one_line(capsys, paths, key: str) -> None:
     from lra_bench.config.validate import RULES
 
-    line = _refused(capsys, [f"{key}={BAD_VALUES[key]}", f"output_root={paths['out']}"], check=check_run_config)
+    overrides = [*CONTEXT.get(key, []), f"{key}={BAD_VALUES[key]}", f"output_root={paths['out']}"]
+    line = _refused(capsys, overrides, check=check_run_config)
     assert line.startswith(f"error: {key}=") and line.endswith(f": expected {RULES[key].valid}"), line
     assert not paths["out"].exists()
 
