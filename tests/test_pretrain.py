@@ -278,7 +278,7 @@ def test_causal_support_is_declared_by_each_attention() -> None:
         attention = build_attention(name, head_dim=8, num_heads=2, seq_len=32, **kwargs)
         with pytest.raises(ValueError, match="has no causal form"):
             attention.set_causal(True)
-    assert [n for n in ATTENTIONS.names() if ATTENTIONS.get(n).supports_causal] == ["full"]
+    assert [n for n in ATTENTIONS.names() if ATTENTIONS.get(n).supports_causal] == ["full", "local"]
 
 
 def test_causal_full_attention_matches_a_masked_softmax_oracle() -> None:
@@ -307,7 +307,7 @@ def test_causal_is_refused_with_one_line_where_unsupported(tmp_path: Path) -> No
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert lines == [
         "error: objective=causal: attn=nystrom has no causal form (every query would see later keys through its "
-        "approximation); use objective=mlm, or attn=full"
+        "approximation); use objective=mlm, or one of attn=full attn=local"
     ]
     assert not list((tmp_path / "outputs").rglob("last.ckpt"))  # refused before anything ran
 

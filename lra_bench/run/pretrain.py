@@ -54,7 +54,7 @@ def check_pretrain_keys(cfg: DictConfig) -> None:
         causal = [n for n in ATTENTIONS.names() if ATTENTIONS.get(n).supports_causal]
         raise ConfigError(
             f"objective=causal: attn={attn} has no causal form (every query would see later keys through its "
-            f"approximation); use objective=mlm, or attn={','.join(causal)}"
+            f"approximation); use objective=mlm, or one of {' '.join(f'attn={n}' for n in causal)}"
         )
     ratio = float(cfg.spt.mask_ratio)
     if objective == "mlm" and not 0.0 < ratio <= 1.0:
