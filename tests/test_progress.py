@@ -4,22 +4,14 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
-import struct
-import subprocess
-import sys
-import termios
-import time
 from pathlib import Path
 
 import pytest
 
 from lra_bench.run.progress import progress_mode
-from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli
+from tests.conftest import TINY_LISTOPS, fault, run_cli
+from tests.terminal import run_in_terminal
 
 ARGS = [
     *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "callbacks.progress_bar"))],
@@ -61,41 +53,11 @@ def test_without_a_terminal_status_lines_and_run_log_holds_the_run(tmp_path: Pat
     assert "Traceback (most recent call last)" in log and "FloatingPointError: loss is nan at step 1" in log
 
 
-def _read_pty(fd: int, proc: subprocess.Popen, timeout: float) -> str:
-    chunks, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:  # the other side closed
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    return b"".join(chunks).decode(errors="replace")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_in_a_terminal_the_bar_counts_steps_to_max_steps(tmp_path: Path) -> None:
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a 160-column terminal
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "COLUMNS": "160", "TERM": "xterm"}
-    cmd = [sys.executable, str(REPO / "run.py"), *ARGS, "callbacks.progress_bar=auto", *fault(step_sleep_s=0.1)]
-    cmd += [f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=secondary, stdout=secondary, stderr=secondary)
-    os.close(secondary)
-    try:
-        screen = _read_pty(primary, proc, timeout=400)
-        proc.wait(timeout=60)
-    finally:
-        os.close(primary)
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, screen[-3000:]
+    rc, screen = run_in_terminal([*ARGS, "callbacks.progress_bar=auto", *fault(step_sleep_s=0.1)], tmp_path, "disabled")
+    assert rc == 0, screen[-3000:]
     bar = [line for line in re.split(r"[\r\n]", screen) if "train step" in line]
     assert bar and any("12/12" in line for line in bar), screen[-3000:]
     assert any(re.search(r"\d+/12 \[[\d:]+<[\d:?]+", line) for line in bar)  # elapsed<remaining: the ETA

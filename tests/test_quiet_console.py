@@ -4,20 +4,16 @@ progress bar's line (a real pseudo-terminal); `--help` starts with our examples.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli
-from tests.test_progress import _read_pty
+from tests.terminal import run_in_terminal
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ARGS = [
@@ -31,28 +27,10 @@ ARGS = [
 NOISE = ("GPU available", "Total FLOPs", "Total Flops", "Trainable params", "wandb: WARNING", "├── task", "Seed set")
 
 
-def _in_a_terminal(args: list[str], tmp_path: Path) -> tuple[int, str]:
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "COLUMNS": "160", "TERM": "xterm"}
-    cmd = [sys.executable, str(REPO / "run.py"), *args]
-    cmd += [f"output_root={tmp_path / 'outputs'}", f"data_dir={tmp_path / 'data'}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=secondary, stdout=secondary, stderr=secondary)
-    os.close(secondary)
-    try:
-        screen = _read_pty(primary, proc, timeout=400)
-        proc.wait(timeout=60)
-    finally:
-        os.close(primary)
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, screen
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_run_in_a_terminal_shows_what_a_person_reads(tmp_path: Path) -> None:
-    rc, screen = _in_a_terminal([*ARGS, "callbacks.progress_bar=auto", *fault(step_sleep_s=0.1)], tmp_path)
+    rc, screen = run_in_terminal([*ARGS, "callbacks.progress_bar=auto", *fault(step_sleep_s=0.1)], tmp_path)
     assert rc == 0, screen[-3000:]
     text = ANSI.sub("", screen)  # rich and wandb colour their words
     shown = [noise for noise in NOISE if noise in text]
