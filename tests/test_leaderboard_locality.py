@@ -101,3 +101,19 @@ def test_no_local_runs_no_baseline(tmp_path: Path) -> None:
     got = _board(tmp_path / "runs", tmp_path / "board")
     assert LABEL not in got["md"]
     assert not [r for r in _csv(tmp_path / "board" / "leaderboard_wide.csv") if r["kind"] == "locality"]
+
+
+def test_compare_names_the_window(tmp_path: Path) -> None:
+    """`python -m lra_bench.compare attn=local attn=full`: the local side's label says which window it ran."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _run(runs, f"local8_{seed}", ["attn=local", "attn.window=8", f"seed={seed}"], 0.30, 0.31 + 0.01 * seed)
+        _run(runs, f"full_{seed}", ["attn=full", f"seed={seed}"], 0.40, 0.37 + 0.01 * seed)
+    out = subprocess.run(
+        [sys.executable, "-m", "lra_bench.compare", "attn=local", "attn=full", "--in", str(runs)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "**A** = local (w=8)" in out.stdout, out.stdout[:800]

@@ -123,7 +123,7 @@ class Side:
     @property
     def label(self) -> str:
         labels = {
-            method_label(r.get("attn"), r.get("selector"), r.get("rank_budget"))
+            method_label(r.get("attn"), r.get("selector"), r.get("rank_budget"), window=r.get("window"))
             for t in self.runs
             for r in self.records(t)
         }
