@@ -92,7 +92,7 @@ def listops_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def record_at_start(args: list[str], out: Path, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
     """Start `python run.py ARGS`, read the record it writes once the run has started (identity and conformance
-    filled), stop the run; returns the record and what the run printed."""
+    filled) and the protocol line it prints just after, stop the run; returns the record and what the run printed."""
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     log_path = out / "run.out"
     out.mkdir(parents=True, exist_ok=True)
@@ -103,8 +103,9 @@ def record_at_start(args: list[str], out: Path, timeout_s: float = 240) -> tuple
             while True:
                 records = list(out.rglob("results.json"))
                 record = json.loads(records[0].read_text()) if records else {}
-                if record.get("identity"):
-                    return record, log_path.read_text()
+                printed = log_path.read_text()
+                if record.get("identity") and ("on protocol" in printed or "OFF protocol" in printed):
+                    return record, printed
                 assert proc.poll() is None, f"run.py exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, "no started record in time"
                 time.sleep(0.1)
