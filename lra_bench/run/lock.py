@@ -49,11 +49,17 @@ def _write_holder(fd: int) -> None:
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {since}\n".encode(), 0)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _run_dir_lock(run_dir: Path, *, write_holder: bool) -> UnixFileLock:
     return UnixFileLock(
         run_dir / LOCK_FILE,
         timeout=0,  # never wait: a live run is refused at once
-        mode=0o666,
+        mode=0o666 & ~_umask(),  # filelock chmods to `mode`, past the umask: apply it, as every other file does
         thread_local=False,  # the process holds it, whichever thread releases it
         fallback_to_soft=False,
         preserve_lock_file=True,
