@@ -20,6 +20,7 @@ from pathlib import Path
 from filelock import Timeout, UnixFileLock
 
 from lra_bench.config.validate import ConfigError
+from tasks.files import umask
 
 LOCK_FILE = ".lock"
 
@@ -49,21 +50,15 @@ def _write_holder(fd: int) -> None:
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {since}\n".encode(), 0)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _run_dir_lock(run_dir: Path, *, write_holder: bool) -> UnixFileLock:
+def _run_dir_lock(run_dir: Path) -> UnixFileLock:
     return UnixFileLock(
         run_dir / LOCK_FILE,
         timeout=0,  # never wait: a live run is refused at once
-        mode=0o666 & ~_umask(),  # filelock chmods to `mode`, past the umask: apply it, as every other file does
+        mode=0o666 & ~umask(),  # filelock chmods to `mode`, past the umask: apply it, as every other file does
         thread_local=False,  # the process holds it, whichever thread releases it
         fallback_to_soft=False,
         preserve_lock_file=True,
-        on_acquired=_write_holder if write_holder else None,
+        on_acquired=_write_holder,
     )
 
 
@@ -73,7 +68,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
-        self._lock = _run_dir_lock(self.run_dir, write_holder=True)
+        self._lock = _run_dir_lock(self.run_dir)
 
     def acquire(self) -> RunDirLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
