@@ -274,3 +274,20 @@ def test_target_verdicts_from_rows() -> None:
     assert verdicts["gpa/nystrom time at equal m"]["verdict"] == "missed"  # 2×
     assert verdicts["time slope on log-log, n=1024…16384"]["verdict"] == "met"
     assert verdicts["achieved rate / matmul rate at n=16384"]["verdict"] == "met"
+
+
+def test_a_child_whose_parent_stopped_listening_exits_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C or a timeout closes the parent's end of the pipe while the child still measures; the child's
+    late result then has no reader. It must end quietly (exit 0), not print a BrokenPipe traceback."""
+    from lra_bench.bench import sweep, worker
+
+    ctx = sweep._context()
+    recv, send = ctx.Pipe(duplex=False)
+    spec = {"device": "cpu", "dtype": "float32", "kind": "attention", "attn": "no-such", "n": 8, "modes": ["forward"]}
+    proc = ctx.Process(target=worker.child, args=(spec, send), daemon=True)
+    proc.start()
+    send.close()
+    recv.close()  # the parent gave up before the child's result was ready
+    proc.join(120)
+    assert proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err

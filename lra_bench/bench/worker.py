@@ -13,6 +13,7 @@ Order of events, which defines what "peak memory" means (`lra_bench.bench.memory
 from __future__ import annotations
 
 import gc
+import signal
 import time
 import traceback
 from typing import Any
@@ -200,10 +201,19 @@ def _describe(err: BaseException) -> str:
 
 
 def child(spec: dict[str, Any], conn: Any) -> None:
-    """Entry point of an isolated configuration: measure, send the result back, exit."""
+    """Entry point of an isolated configuration: measure, send the result back, exit.
+
+    Ctrl-C belongs to the parent: the terminal sends SIGINT to the whole foreground group, and a child that
+    turned it into an error result would race the parent's kill to a closed pipe (a BrokenPipe traceback on
+    the user's terminal). The child ignores it; the parent kills it when the sweep stops.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         result = measure(spec)
     except BaseException as err:
         result = {mode: {"status": "error", "error": _describe(err)} for mode in spec["modes"]}
-    conn.send(result)
+    try:
+        conn.send(result)
+    except (BrokenPipeError, EOFError):  # the parent stopped waiting (Ctrl-C, timeout): nobody to tell
+        return
     conn.close()
