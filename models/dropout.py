@@ -32,9 +32,10 @@ def packed_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     n = x.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
     bits = words.view(torch.int16)[:n].view(x.shape)  # uniform on [-2¹⁵, 2¹⁵)
-    keep_scaled = torch.where(
-        bits >= dropped - LEVELS // 2, x.new_full((), LEVELS / (LEVELS - dropped)), x.new_zeros(())
-    )
+    # 1.0 where kept, 0.0 where dropped, straight from the comparison into a float tensor, then scaled in place:
+    # the same `keep_scaled` as `torch.where(kept, scale, 0)`, which on a CPU took twice as long (two passes instead
+    # of a slow select with scalar operands)
+    keep_scaled = torch.ge(bits, dropped - LEVELS // 2, out=torch.empty_like(x)).mul_(LEVELS / (LEVELS - dropped))
     return x * keep_scaled  # autograd keeps only `keep_scaled` for the backward (grad · keep_scaled)
 
 
