@@ -101,7 +101,8 @@ def stages_only(tmp_path: Path, only: str, listing: str, wheels: Path) -> tuple[
     (tmp_path / "wheels.txt").write_text(listing)
     env = {**os.environ, "PYTHON": sys.executable, "WHEEL_LIST": str(tmp_path / "wheels.txt")}
     cmd = [str(CHECK), "--tiny", "--only", only, "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
-    cmd += ["--wheels", str(wheels), "--stage-budget", "wheels=300"]  # importing torch can take 30 s on a busy CI
+    # importing torch can take 30 s and more on a busy CI machine: these stages get 300 s here
+    cmd += ["--wheels", str(wheels), "--stage-budget", "wheels=300", "--stage-budget", "env=300"]
     subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     return {s["name"]: s for s in report["stages"]}, tmp_path / "work"
