@@ -78,7 +78,7 @@ results: $(STAMP)  ## rerun the CPU bench + approx study (~10-25 min on 2 shared
 	$(PY) -m lra_bench.bench $(BENCH_REPORT) $(BENCH_ARGS) hydra.run.dir=$(RESULTS_DIR)/bench
 	$(PY) -m lra_bench.approx $(APPROX_REPORT) $(if $(APPROX_CKPT),ckpt=$(APPROX_CKPT) model.data_dir=$(RESULTS_DIR)/data) \
 		$(APPROX_ARGS) hydra.run.dir=$(RESULTS_DIR)/approx
-	$(PY) -m lra_bench.results_doc --bench $(RESULTS_DIR)/bench --approx $(RESULTS_DIR)/approx --out docs/results.md
+	$(PY) -m lra_bench.reports.results_doc --bench $(RESULTS_DIR)/bench --approx $(RESULTS_DIR)/approx --out docs/results.md
 
 TASK ?= listops
 ATTN ?= nystrom

@@ -109,7 +109,7 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
 def test_the_results_doc_carries_the_step_table_and_a_full_render_keeps_it(tmp_path: Path) -> None:
     from dataclasses import asdict
 
-    from lra_bench import results_doc
+    from lra_bench.reports import results_doc
 
     row = bench_step.time_protocol("listops", "gpa", "nystromformer", SMALL, steps=1, warmup=0, eval_batches=1)
     measured = tmp_path / "step.json"

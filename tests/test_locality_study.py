@@ -15,7 +15,7 @@ from scipy import stats
 
 from lra_bench.locality import report
 from lra_bench.locality.settings import DEFAULT_WINDOWS, RUN_DEFAULTS, SettingsError, parse
-from lra_bench.results_doc import main as results_doc
+from lra_bench.reports.results_doc import main as results_doc
 from tests.conftest import REPO, TINY_LISTOPS
 
 

@@ -363,8 +363,8 @@ def test_leaderboard_keeps_spt_rows_apart_and_pretraining_runs_out(tmp_path: Pat
 
 # -- the study's numbers and its section in docs/results.md ----------------------------------------------------
 def test_study_summary_and_results_section() -> None:
-    from lra_bench.results_doc import keep_section, markers, spt_body, with_section
-    from lra_bench.spt_study import render_markdown, summarize
+    from lra_bench.reports.results_doc import keep_section, markers, spt_body, with_section
+    from lra_bench.reports.spt_study import render_markdown, summarize
 
     rng = np.random.default_rng(0)
     rows = [
@@ -387,7 +387,7 @@ def test_study_summary_and_results_section() -> None:
     study = {
         "settings": {"train_examples": 1000, "total_steps": 600, "pretrain_steps": 300},
         "summary": summarize(rows), "rows": rows, "env": {"hardware": {}, "git_commit": "abc"},
-        "uptime_before": "load 1", "uptime_after": "load 2", "command": "python -m lra_bench.spt_study",
+        "uptime_before": "load 1", "uptime_after": "load 2", "command": "python -m lra_bench.reports.spt_study",
     }  # fmt: skip
     doc = "# Results\n\n## Benchmark\n\nnumbers\n"
     SPT_BEGIN, SPT_END = markers("spt_study")

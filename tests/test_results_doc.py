@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench.results_doc import shown_path
+from lra_bench.reports.results_doc import shown_path
 
 
 def test_inputs_below_the_working_dir_are_named_relative_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,7 +20,7 @@ def test_the_full_tables_go_beside_the_page_as_csv_and_json(tmp_path: Path) -> N
     import csv
     import json
 
-    from lra_bench.results_doc import write_tables
+    from lra_bench.reports.results_doc import write_tables
 
     bench = {"rows": [{"label": "gpa/m=16", "n": 1024, "time": {"median_s": 0.5}}, {"label": "full", "n": 1024}]}
     written = write_tables(bench, None, tmp_path / "results")

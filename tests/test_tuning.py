@@ -12,7 +12,7 @@ from omegaconf import OmegaConf, open_dict
 from lra_bench.config.validate import ConfigError, check_resolvable
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity
-from lra_bench.tuning import FILENAME, OPTUNA_RESULTS, write_result
+from lra_bench.sweep.tuning import FILENAME, OPTUNA_RESULTS, write_result
 from tests.conftest import TINY_LISTOPS, compose, run_cli
 
 SPACE = {
@@ -32,7 +32,7 @@ def test_search_config_gives_every_method_the_same_budget_space_and_sampler_seed
         assert cfg.test is False and cfg.tuning.role == "trial"  # trials never look at the test split
         assert (
             cfg.hydra.mode.name == "MULTIRUN"
-            and cfg.hydra.callbacks.tuning._target_ == "lra_bench.tuning.TuningCallback"
+            and cfg.hydra.callbacks.tuning._target_ == "lra_bench.sweep.tuning.TuningCallback"
         )
     assert "tuning" not in compose(["attn=gpa"])  # untuned runs carry no tuning keys (their identity is unchanged)
 

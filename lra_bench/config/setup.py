@@ -113,7 +113,7 @@ def setup() -> None:
     if _DONE:
         return
     OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)
-    from lra_bench.tuning import tuned_value  # light: omegaconf and hydra only
+    from lra_bench.sweep.tuning import tuned_value  # light: omegaconf and hydra only
 
     OmegaConf.register_new_resolver("tuned", tuned_value, replace=True)
     OmegaConf.register_new_resolver("slurm_gpus", slurm_gpus, replace=True)

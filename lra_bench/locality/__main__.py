@@ -19,7 +19,7 @@ from lra_bench.record.results import write_atomic
 
 
 def uptime() -> str:
-    from lra_bench.spt_study import uptime as shared
+    from lra_bench.reports.spt_study import uptime as shared
 
     return shared()
 

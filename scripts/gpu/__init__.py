@@ -1,1 +1,1 @@
-"""The GPU node check: scripts/gpu/prepare.sh (wheels) and scripts/gpu/check.sh (the check)."""
+"""The GPU node check: scripts/gpu/prepare.sh (wheels), scripts/gpu/check.sh (the check), report.py (its report)."""

@@ -1,4 +1,4 @@
-"""`python -m lra_bench.spt_study --out DIR` — scratch vs self-pretraining at equal total steps, measured.
+"""`python -m lra_bench.reports.spt_study --out DIR` — scratch vs self-pretraining at equal total steps, measured.
 
 For each attention and seed it runs two arms through run.py, one after the other (the CPUs are shared):
 
@@ -10,7 +10,7 @@ The task is a small generated ListOps (short sequences, few labelled training ex
 al., ICLR 2024, §3.4, report the largest gains from self-pretraining) and the model the harness's 2-layer, dim-64
 Nyströmformer-protocol encoder. `DIR/spt_study.json` holds every run's numbers (read from its `results.json`), the
 commands, wall-clock and `uptime` load before/after; `DIR/spt_study.md` is the rendered table, and
-`python -m lra_bench.results_doc --spt DIR` puts the same section into docs/results.md. Runs live in `DIR/runs`
+`python -m lra_bench.reports.results_doc --spt DIR` puts the same section into docs/results.md. Runs live in `DIR/runs`
 under fixed names, so rerunning the study resumes unfinished runs and re-reads finished ones.
 """
 
@@ -165,7 +165,7 @@ def render_markdown(study: dict[str, Any], h: str = "#") -> str:
     s = study["settings"]
     lines = [
         f"{h} Self-pretraining vs scratch at equal total steps: {s['train_examples']} labelled ListOps examples, "
-        f"{s['total_steps']} steps (`python -m lra_bench.spt_study`)",
+        f"{s['total_steps']} steps (`python -m lra_bench.reports.spt_study`)",
         "",
         f"Small generated ListOps (length ≤ 128, depth ≤ 3, {s['train_examples']} labelled training examples, "
         f"500 val / 500 test), the 2-layer dim-64 encoder, batch 32, lr 2e-3. **scratch**: {s['total_steps']} "
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     study: dict[str, Any] = {
         "settings": settings,
-        "command": "python -m lra_bench.spt_study " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m lra_bench.reports.spt_study " + " ".join(argv if argv is not None else sys.argv[1:]),
         "uptime_before": uptime(),
         "env": environment(),
         "rows": [],
