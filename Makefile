@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast demo lint typecheck format data bench approx results reproduce clean
+.PHONY: help install test test-fast demo lint typecheck format configs data bench approx results reproduce clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ typecheck: $(STAMP)  ## mypy on lra_bench, models, tasks (settings in pyproject.
 
 format: $(STAMP)  ## ruff format + import sort
 	$(VENV)/bin/ruff check --fix .
+
+configs: $(STAMP)  ## write conf/attn/ and conf/selector/ from the components' config dataclasses (tests check they match)
+	$(PY) -m lra_bench.config.generate
 
 data: $(STAMP)  ## check/prepare a task's data: make data TASK=listops
 	$(PY) -m lra_bench.prepare task=$(or $(TASK),listops)

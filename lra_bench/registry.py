@@ -2,10 +2,12 @@
 
 A component is a class that derives from its axis' base (`models.attention.base.Attention`,
 `models.landmarks.base.LandmarkSelector`, `tasks.base.LRADataModule`) and sets its own `name` (the option name
-on the command line) and `config` (a dataclass whose fields are its knobs — the constructor's keyword
-arguments — plus `name`). Nothing else registers it: every module of the axis' package is imported and every
-such class in it is an option. So a new attention is one file in `models/attention/` plus one YAML in
-`conf/attn/` (the same for a selector or a task), and `models`/`tasks` need no registry of their own.
+on the command line) and `config` (a dataclass whose fields are its knobs, each with its one default, plus
+`name`; an attention's or selector's constructor takes an instance of it, see `models.knobs`). Nothing else
+registers it: every module of the axis' package is imported and every such class in it is an option. So a new
+attention is one file in `models/attention/` plus its YAML in `conf/attn/`, which `make configs` writes from the
+dataclass (`lra_bench.config.generate`; the same for a selector; a task's YAML is written by hand), and
+`models`/`tasks` need no registry of their own.
 
 Components outside the repository (a user's own attention) are found the same way in the directories listed in
 the environment variable `LRA_BENCH_PLUGINS` (`os.pathsep`-separated): every `*.py` file there is imported and
@@ -116,7 +118,7 @@ class Registry(Generic[Component]):
         return schema
 
     def params(self, name: str, node: dict[str, Any]) -> dict[str, Any]:
-        """The constructor's keyword arguments in a config node: the schema's fields, minus `name`."""
+        """The knobs in a config node: the schema's fields, minus `name`."""
         keys = {f.name for f in fields(self.config(name))} - {"name"}
         return {k: v for k, v in node.items() if k in keys}
 
@@ -160,20 +162,23 @@ AXES: dict[str, Registry[Any]] = {"attn": ATTENTIONS, "selector": SELECTORS, "ta
 
 
 def build_selector(name: str, /, **kwargs: Any) -> LandmarkSelector:
-    """A selector from its config node's keys (keys that are not its knobs are ignored: `name`, …)."""
-    return SELECTORS.get(name)(**SELECTORS.params(name, kwargs))
+    """A selector from its config node's keys (keys that are not its knobs are ignored: `name`, …): its config
+    dataclass filled from them, the rest at their defaults."""
+    return SELECTORS.get(name)(SELECTORS.config(name)(**SELECTORS.params(name, kwargs)))
 
 
 def build_attention(
     name: str, /, *, head_dim: int, num_heads: int, seq_len: int, selector: Any = None, **params: Any
 ) -> Attention:
-    """An attention with its selector (required exactly when the attention `takes_selector`)."""
+    """An attention with its selector (required exactly when the attention `takes_selector`); `params` fill its
+    config dataclass, the rest at their defaults."""
     cls = ATTENTIONS.get(name)
     params = {k: v for k, v in params.items() if k != "name"}  # anything else must be a knob (TypeError if not)
+    geometry: dict[str, Any] = {"head_dim": head_dim, "num_heads": num_heads, "seq_len": seq_len}
     if cls.takes_selector:
         if selector is None:
             raise ValueError(f"attn={name} needs a landmark selector")
-        params["selector"] = selector
+        geometry["selector"] = selector
     elif selector is not None:
         raise ValueError(f"attn={name} takes no selector (got {type(selector).__name__}); drop selector=")
-    return cls(head_dim=head_dim, num_heads=num_heads, seq_len=seq_len, **params)
+    return cls(**geometry, cfg=ATTENTIONS.config(name)(**params))

@@ -1,7 +1,8 @@
 """What a component costs, in the words every attention and selector uses to describe its own cost.
 
 Each attention declares `flops(n, m, d, params)` and `memory(n, m, d, mode, params)` and each selector
-`flops(n, m, d, params)` as classmethods, from its config values `params` (the same keys as its config dataclass);
+`flops(n, m, d, params)` as classmethods, from its config values `params` (the same keys as its config dataclass,
+read through `models.knobs.knobs`, so a knob left out counts at its dataclass default);
 the benchmark (`lra_bench.bench`) multiplies by batch × heads and puts the counts beside measured times. Declared
 on the class so that a new component carries its cost model with it, and a component without one is caught by the
 registry test instead of silently showing no FLOPs.
@@ -63,27 +64,22 @@ class Flops:
         return Flops(self.differentiable * factor, self.selection * factor, self.backward_flops * factor)
 
 
-def pinv_flops(m: int, params: Params) -> float:
-    """An m×m core's pseudo-inverse: 4 products per Newton–Schulz step (`pinv: iterative`), else an SVD, whose
-    ≈ 24 m³ is an order-of-magnitude estimate, not a count."""
-    if params.get("pinv", "iterative") == "iterative":
-        return 8.0 * int(params.get("pinv_iterations", 6)) * m**3
+def pinv_flops(m: int, pinv: str, iterations: int) -> float:
+    """An m×m core's pseudo-inverse: 4 products per Newton–Schulz step (`pinv: iterative`, `iterations` steps),
+    else an SVD, whose ≈ 24 m³ is an order-of-magnitude estimate, not a count."""
+    if pinv == "iterative":
+        return 8.0 * int(iterations) * m**3
     return 24.0 * m**3
 
 
-def conv_flops(n: int, d: int, params: Params) -> float:
-    """The depthwise convolution of V along the sequence (`conv_kernel` taps; 0 = none)."""
-    return 2.0 * int(params.get("conv_kernel", 0) or 0) * n * d
+def conv_flops(n: int, d: int, kernel: int) -> float:
+    """The depthwise convolution of V along the sequence (`kernel` taps; 0 = none)."""
+    return 2.0 * int(kernel or 0) * n * d
 
 
 def lloyd_flops(n: int, m: int, d: int, iterations: int) -> float:
     """`iterations` Lloyd steps: distances (one matmul) and cluster sums (adds)."""
     return iterations * (2.0 * n * m * d + n * d)
-
-
-def sketch_rows(m: int, n: int, params: Params) -> int:
-    """Rows of A a pivoting or leverage method reads exactly (`sketch_rows`, default 2m, at most n)."""
-    return max(1, min(n, int(params.get("sketch_rows", 0) or 0) or 2 * m))
 
 
 def width_memory(n: int, width: float, d: int, mode: str) -> float:

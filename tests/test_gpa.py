@@ -6,7 +6,7 @@ import torch
 
 from lra_bench.registry import build_attention, build_selector
 from lra_bench.run.build import build_network as build_classifier
-from models.landmarks.kmeans import KMeansSelector
+from models.landmarks.kmeans import KMeansConfig, KMeansSelector
 
 B, H, N, D = 2, 2, 32, 8
 
@@ -93,7 +93,7 @@ def test_lazily_sized_codebook_loads_into_a_fresh_selector() -> None:
 def test_refresh_every_one_is_plain_per_sequence_kmeans() -> None:
     q, k, _ = batch(3)
     progressive = build_selector("gpa", refresh_every=1, max_iterations=7)
-    plain = KMeansSelector(max_iterations=7)
+    plain = KMeansSelector(KMeansConfig(max_iterations=7))
     a, b = progressive.train()(q, k, None, 5), plain(q, k, None, 5)
     torch.testing.assert_close(a.queries, b.queries)
     torch.testing.assert_close(a.keys, b.keys)

@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lra_bench.registry import build_attention
-from models.attention.local import MIN_BLOCK, LocalAttention
+from models.attention.local import MIN_BLOCK, LocalAttention, LocalConfig
 
 
 def qkv(b: int = 2, h: int = 2, n: int = 45, d: int = 8, seed: int = 0) -> list[torch.Tensor]:
@@ -133,7 +133,7 @@ def test_cost_hooks_follow_the_window() -> None:
 @pytest.mark.parametrize("window", [0, -3, True, 2.5])
 def test_a_window_that_is_not_a_positive_integer_is_refused(window) -> None:
     with pytest.raises(ValueError, match=r"attn.window=.*: must be a positive integer"):
-        LocalAttention(head_dim=8, num_heads=2, seq_len=16, window=window)
+        LocalAttention(head_dim=8, num_heads=2, seq_len=16, cfg=LocalConfig(window=window))
 
 
 @pytest.mark.parametrize("case", ["one_real_token", "bf16_autocast", "large_norm"])

@@ -34,9 +34,9 @@ class ScaledDotAttention(Attention):
     name = "scaled_dot"
     config = ScaledDotConfig
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, temperature: float = 1.0) -> None:
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: ScaledDotConfig | None = None) -> None:
         super().__init__(head_dim, num_heads, seq_len)
-        self.temperature = temperature
+        self.temperature = (cfg or ScaledDotConfig()).temperature
 
     def forward(self, q, k, v, mask):
         keep = None if mask is None else mask[:, None, None, :]

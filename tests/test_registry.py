@@ -103,3 +103,22 @@ def test_every_selector_describes_its_cost(name: str) -> None:
     cost = cls.flops(1024, 16, 32, params)
     assert cost.forward >= 0 and cost.differentiable >= 0
     assert cls.flops(2048, 16, 32, params).forward >= cost.forward
+
+
+@pytest.mark.parametrize(("axis", "name"), [(axis, name) for axis, name in COMPONENTS if axis != "task"])
+def test_cost_models_default_to_the_dataclass(axis: str, name: str) -> None:
+    """A knob the caller leaves out counts at the config dataclass's default: a cost model with a default of its own
+    (`params.get("conv_kernel", 0)` beside `conv_kernel: int = 35`) fails here."""
+    from dataclasses import asdict
+
+    cls = AXES[axis].get(name)
+    defaults = asdict(AXES[axis].config(name)())
+    if axis == "selector":
+        assert cls.flops(512, 16, 32, {}) == cls.flops(512, 16, 32, defaults)
+        return
+    budget = defaults.get(cls.rank_knob) if cls.rank_knob else None
+    for m in (16, None):  # None: the cost model reads the rank knob itself
+        assert cls.flops(512, m, 32, {}) == cls.flops(512, m, 32, defaults), m
+        if m is not None or budget is None or isinstance(budget, int):
+            for mode in ("forward", "forward_backward"):
+                assert cls.memory(512, m, 32, mode, {}) == cls.memory(512, m, 32, mode, defaults), (m, mode)

@@ -175,7 +175,7 @@ def test_hand_flops_match_the_flop_counter() -> None:
     assert hand is not None
     for mode in ("forward", "forward_backward"):
         counted = count_flops(module, mode, q, k, v, None, g)
-        pinv = 2 * pinv_flops(r, {"pinv": "exact"})  # two heads
+        pinv = 2 * pinv_flops(r, "exact", 0)  # two heads
         assert counted == pytest.approx(hand.for_mode(mode) - pinv, rel=1e-6), mode
 
 

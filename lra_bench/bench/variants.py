@@ -62,12 +62,12 @@ def default_selector(attn: str) -> str | None:
 
 
 def attn_params(attn: str, context: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The attention's constructor kwargs as a run composes them (`conf/attn/<attn>.yaml`)."""
+    """The attention's knobs (its config dataclass's fields) as a run composes them (`conf/attn/<attn>.yaml`)."""
     return ATTENTIONS.params(attn, _composed(attn, None, _seed(context))["attn"])
 
 
 def selector_params(selector: str, context: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The selector's constructor kwargs as a run composes them (`conf/selector/<selector>.yaml`)."""
+    """The selector's knobs (its config dataclass's fields) as a run composes them (`conf/selector/<selector>.yaml`)."""
     return SELECTORS.params(selector, _composed(None, selector, _seed(context))["selector"])
 
 

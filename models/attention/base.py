@@ -14,12 +14,13 @@ signature, and only the language-model stage ever switches it on.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from models.cost import Flops, Params, width_memory
+from models.knobs import knobs
 
 
 class Attention(nn.Module):
@@ -30,6 +31,8 @@ class Attention(nn.Module):
 
     #: whether a `selector` is part of this attention's configuration
     takes_selector: ClassVar[bool] = False
+    #: the selector its option brings (its paper's choice: the defaults list of `conf/attn/<name>.yaml`)
+    default_selector: ClassVar[str | None] = None
     #: whether its landmarks must be tokens of the sequence (exact columns of A): cluster-mean selectors refused
     needs_token_landmarks: ClassVar[bool] = False
     #: the config field that holds the rank budget (landmarks, projection rows, features); None = no budget
@@ -38,12 +41,15 @@ class Attention(nn.Module):
     memory_width: ClassVar[float] = 1.0
     #: the `attn=` option name; a class with its own `name` is discovered by `lra_bench.registry`
     name: ClassVar[str] = ""
-    #: the config dataclass: its fields are the constructor's keyword arguments (plus `name`)
+    #: the config dataclass (`models.knobs`): `name` plus one field per knob, each default written there only; the
+    #: constructor takes an instance of it (`cfg`), `flops`/`memory` read it, `conf/attn/<name>.yaml` is generated
     config: ClassVar[type | None] = None
     #: whether the variant has an exact causal form (`set_causal(True)`), used by causal self-pretraining
     supports_causal: ClassVar[bool] = False
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int) -> None:
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: Any = None) -> None:
+        """`cfg`: the variant's `config` instance; a subclass takes its knobs from it (one without knobs may leave
+        it to this class, which needs none)."""
         super().__init__()
         self.head_dim = head_dim
         self.num_heads = num_heads
@@ -85,5 +91,7 @@ class Attention(nn.Module):
         knob, a few n × (`memory_width` · m) tensors (`models.cost.width_memory`); others declare their own."""
         if cls.rank_knob is None:
             raise NotImplementedError(f"attn={cls.name or cls.__name__} declares no memory estimate (`memory`)")
-        width = m if m is not None else params.get(cls.rank_knob)
+        width = m
+        if width is None and cls.config is not None:  # the budget the knob sets (at its default when left out)
+            width = getattr(knobs(cls.config, params), cls.rank_knob)
         return width_memory(n, cls.memory_width * float(width or 0), d, mode)

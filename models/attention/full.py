@@ -16,8 +16,10 @@ from models.cost import Flops, Params, fused_memory
 
 @dataclass
 class FullConfig:
+    """Exact softmax attention (SDPA with the padding mask)."""
+
     name: str = "full"
-    dropout: float = 0.0
+    dropout: float = 0.0  # attention-weight dropout (training only)
 
 
 def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -39,13 +41,13 @@ def causal_key_mask(mask: torch.Tensor | None, n: int, device: torch.device) -> 
 
 
 class FullAttention(Attention):
-    name = "full"
+    name = FullConfig.name
     config = FullConfig
     supports_causal = True
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, dropout: float = 0.0) -> None:
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: FullConfig | None = None) -> None:
         super().__init__(head_dim, num_heads, seq_len)
-        self.dropout = dropout
+        self.dropout = (cfg or FullConfig()).dropout
 
     def _keys(self, q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
         return causal_key_mask(mask, q.shape[-2], q.device) if self.causal else key_mask(mask)

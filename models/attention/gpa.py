@@ -23,29 +23,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from models.attention.nystrom import NystromAttention
-from models.landmarks.base import resolve_num_landmarks
+from models.attention.nystrom import NystromAttention, NystromConfig
+from models.landmarks.base import LandmarkSelector, resolve_num_landmarks
 
 
 @dataclass
-class GPAConfig:
+class GPAConfig(NystromConfig):
+    """GPA (ICLR 2026 submission 20651): Nyström with k-means landmarks on the queries, m = log2 n,
+    10 Lloyd iterations, landmarks refreshed every 50 passes (the progressive `gpa` selector). Every other knob is
+    Nyströmformer's (`NystromConfig`), so `attn=gpa` vs `attn=nystrom` isolates the choice of landmarks."""
+
     name: str = "gpa"
     num_landmarks: Any = "log2"  # int, or "log2" (⌈log₂ seq_len⌉, GPA's default)
-    pinv: str = "iterative"
-    pinv_iterations: int = 6
-    pinv_init: str = "per_matrix"
-    conv_kernel: int = 35
 
 
 class GPAAttention(NystromAttention):
-    name = "gpa"
+    name = GPAConfig.name
     config = GPAConfig
+    default_selector = "gpa"
 
-    def __init__(self, *, num_landmarks: int | str = "log2", **nystrom: Any) -> None:
-        super().__init__(num_landmarks=num_landmarks, **nystrom)
+    def __init__(
+        self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, cfg: GPAConfig | None = None
+    ) -> None:
+        cfg = cfg or GPAConfig()
+        super().__init__(head_dim, num_heads, seq_len, selector, cfg)
         bind = getattr(self.selector, "bind", None)
         if callable(bind):  # a progressive codebook: fixed size for the configured length, allocated now
-            bind(self.num_heads, self.head_dim, resolve_num_landmarks(num_landmarks, self.seq_len))
+            bind(self.num_heads, self.head_dim, resolve_num_landmarks(cfg.num_landmarks, self.seq_len))
 
     def rank_budget(self, seq_len: int) -> int:
         size = getattr(self.selector, "codebook_size", None)

@@ -2,8 +2,8 @@
 
 Nyström, GPA, spectral, pivoted and WildCat each take a selector and `num_landmarks` (an int or `"log2"`) and
 report the rank they really used for the diagnostics (`last_rank [B, H]`: valid landmarks, kept pivots, …).
-Subclasses take their own knobs as keyword arguments and pass the shared geometry (`head_dim`, `num_heads`,
-`seq_len`, `selector`, `num_landmarks`) through to this class.
+Subclasses take their config dataclass (`cfg`, each with its own `num_landmarks` default) and pass the shared
+geometry (`head_dim`, `num_heads`, `seq_len`, `selector`) and `cfg.num_landmarks` through to this class.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class LandmarkAttention(Attention):
     _operator: Callable[..., torch.Tensor]
 
     def __init__(
-        self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, num_landmarks: int | str = 64
+        self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, num_landmarks: int | str
     ) -> None:
         super().__init__(head_dim, num_heads, seq_len)
         self.selector = selector

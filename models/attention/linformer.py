@@ -17,27 +17,32 @@ from torch import nn
 
 from models.attention.base import Attention
 from models.cost import Flops, Params
+from models.knobs import knobs
 
 
 @dataclass
 class LinformerConfig:
+    """Linformer: learned length projections E, F of keys and values (k rows)."""
+
     name: str = "linformer"
     proj_dim: int = 256  # k
     share_kv: bool = False  # F = E
 
 
 class LinformerAttention(Attention):
-    name = "linformer"
+    name = LinformerConfig.name
     config = LinformerConfig
     rank_knob = "proj_dim"
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, proj_dim: int = 256, share_kv: bool = False):
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: LinformerConfig | None = None) -> None:
         super().__init__(head_dim, num_heads, seq_len)
-        if int(proj_dim) < 1:
-            raise ValueError(f"attn.proj_dim={proj_dim}: must be a positive integer")
-        self.proj_dim = int(proj_dim)
-        self.proj_k = nn.Parameter(torch.randn(self.proj_dim, seq_len) / math.sqrt(self.proj_dim))
-        self.proj_v = None if share_kv else nn.Parameter(torch.randn(self.proj_dim, seq_len) / math.sqrt(self.proj_dim))
+        cfg = cfg or LinformerConfig()
+        if int(cfg.proj_dim) < 1:
+            raise ValueError(f"attn.proj_dim={cfg.proj_dim}: must be a positive integer")
+        self.proj_dim = int(cfg.proj_dim)
+        scale = math.sqrt(self.proj_dim)
+        self.proj_k = nn.Parameter(torch.randn(self.proj_dim, seq_len) / scale)
+        self.proj_v = None if cfg.share_kv else nn.Parameter(torch.randn(self.proj_dim, seq_len) / scale)
 
     def rank_budget(self, seq_len: int) -> int:
         return min(self.proj_dim, seq_len)
@@ -71,5 +76,5 @@ class LinformerAttention(Attention):
 
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        k = int(m or params.get("proj_dim", 256))
+        k = int(m or knobs(LinformerConfig, params).proj_dim)
         return Flops(8.0 * n * k * d)  # E·K, F·V, Q·(EK)ᵀ, softmax(…)·(FV)

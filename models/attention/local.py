@@ -28,6 +28,7 @@ from models.attention.base import Attention
 from models.attention.full import causal_key_mask, key_mask
 from models.attention.numerics import masked_softmax
 from models.cost import Flops, Params, fused_memory, width_memory
+from models.knobs import knobs
 
 #: the smallest query block: below it the per-block matmuls get too small to run at the machine's matmul rate, and
 #: a block of c ≥ w tokens costs c + 2w ≤ 3·max(w, MIN_BLOCK) scores per query, still O(w) for w ≥ MIN_BLOCK
@@ -36,6 +37,9 @@ MIN_BLOCK = 32
 
 @dataclass
 class LocalConfig:
+    """Local attention: exact softmax within `window` tokens on each side of every query (the locality
+    baseline)."""
+
     name: str = "local"
     window: int = 64  # w: each token attends to the keys at most w positions away on each side
 
@@ -53,12 +57,13 @@ def band(c: int, window: int, causal: bool, device: torch.device) -> torch.Tenso
 
 
 class LocalAttention(Attention):
-    name = "local"
+    name = LocalConfig.name
     config = LocalConfig
     supports_causal = True
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, window: int = LocalConfig.window) -> None:
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: LocalConfig | None = None) -> None:
         super().__init__(head_dim, num_heads, seq_len)
+        window = (cfg or LocalConfig()).window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"attn.window={window!r}: must be a positive integer (tokens on each side)")
         self.window = window
@@ -98,12 +103,12 @@ class LocalAttention(Attention):
 
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        keys = min(n, 2 * int(params.get("window", LocalConfig.window)) + 1)  # the keys a query needs
+        keys = min(n, 2 * int(knobs(LocalConfig, params).window) + 1)  # the keys a query needs
         return Flops(4.0 * n * keys * d)  # QKᵀ and AV inside the band
 
     @classmethod
     def memory(cls, n: int, m: int | None, d: int, mode: str, params: Params) -> float:
-        window = int(params.get("window", LocalConfig.window))
+        window = int(knobs(LocalConfig, params).window)
         if window >= n - 1:
             return fused_memory(n, d, mode)  # the window holds the sequence: SDPA
         return width_memory(n, block_size(window, n) + 2 * window, d, mode)  # scores/weights per block of queries

@@ -30,18 +30,21 @@ from models.attention.numerics import (
     stable_pinv,
 )
 from models.cost import Flops, Params, conv_flops, pinv_flops
-from models.landmarks.base import Landmarks
+from models.knobs import knobs
+from models.landmarks.base import Landmarks, LandmarkSelector
 
 PINVS = ("iterative", "stable", "exact")
 
 
 @dataclass
 class NystromConfig:
+    """Nyströmformer (Xiong et al. 2021): landmarks from any selector (default segment means), iterative pinv."""
+
     name: str = "nystrom"
     num_landmarks: Any = 64  # int, or "log2" for ⌈log₂ n⌉
-    pinv: str = "iterative"  # iterative (Nyströmformer's 6 Newton–Schulz steps) | stable (numerics.stable_pinv)
+    pinv: str = "iterative"  # iterative (Nyströmformer's Newton–Schulz steps) | stable (numerics.stable_pinv)
     #                          | exact (fp32 SVD pinv with cut-off 1e-4·σ₁: neither exact nor stable, kept as before)
-    pinv_iterations: int = 6
+    pinv_iterations: int = 6  # Newton–Schulz steps of the iterative pinv
     pinv_init: str = "per_matrix"  # or "original" (batch-wide norms, as the reference code)
     conv_kernel: int = 35  # depthwise conv skip on V; 0 disables it
 
@@ -57,28 +60,29 @@ class NystromKernels:
 
 
 class NystromAttention(LandmarkAttention):
-    name = "nystrom"
+    name = NystromConfig.name
     config: ClassVar[type | None] = NystromConfig  # (GPA's subclass has its own)
+    default_selector = "segment_means"
 
     def __init__(
         self,
-        *,
-        pinv: str = "iterative",
-        pinv_iterations: int = 6,
-        pinv_init: str = "per_matrix",
-        conv_kernel: int = 35,
-        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        cfg: NystromConfig | None = None,
     ) -> None:
-        super().__init__(**landmarks)
-        if pinv not in PINVS:
-            raise ValueError(f"attn.pinv={pinv!r}: expected one of {', '.join(PINVS)}")
-        self.pinv = pinv
-        self.pinv_iterations = pinv_iterations
-        self.pinv_init = pinv_init
+        cfg = cfg or NystromConfig()
+        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
+        if cfg.pinv not in PINVS:
+            raise ValueError(f"attn.pinv={cfg.pinv!r}: expected one of {', '.join(PINVS)}")
+        self.pinv = cfg.pinv
+        self.pinv_iterations = cfg.pinv_iterations
+        self.pinv_init = cfg.pinv_init
         self.conv = None
-        if conv_kernel:
+        if kernel := cfg.conv_kernel:
             h = self.num_heads
-            self.conv = nn.Conv2d(h, h, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=h, bias=False)
+            self.conv = nn.Conv2d(h, h, (kernel, 1), padding=(kernel // 2, 0), groups=h, bias=False)
 
     def invert_core(self, core: torch.Tensor) -> torch.Tensor:
         if self.pinv == "stable":
@@ -140,6 +144,8 @@ class NystromAttention(LandmarkAttention):
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
         m = int(m or 0)
+        cfg = knobs(NystromConfig, params)  # GPA's config shares these knobs (it derives from NystromConfig)
         kernels = 2 * n * m * d * 2 + 2 * m * m * d  # QK̃ᵀ, Q̃Kᵀ, Q̃K̃ᵀ
         apply = 2 * m * n * d + 2 * m * m * d + 2 * n * m * d  # right·V, core⁺·(…), left·(…)
-        return Flops(kernels + apply + pinv_flops(m, params) + conv_flops(n, d, params))
+        pinv = pinv_flops(m, cfg.pinv, cfg.pinv_iterations)
+        return Flops(kernels + apply + pinv + conv_flops(n, d, cfg.conv_kernel))

@@ -19,15 +19,18 @@ import torch
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
 from models.cost import Flops, Params
+from models.knobs import follows_run_seed, knobs
 
 
 @dataclass
 class PerformerConfig:
+    """Performer: FAVOR+ positive orthogonal random features, redrawn with a seeded generator."""
+
     name: str = "performer"
     num_features: int = 256  # M
     redraw_every: int = 1000  # training forwards between feature redraws; 0 = never
-    orthogonal: bool = True
-    seed: int = 0
+    orthogonal: bool = True  # orthogonal Gaussian blocks (false: i.i.d. Gaussian rows)
+    seed: int = follows_run_seed()
 
 
 def gaussian_features(
@@ -47,27 +50,20 @@ def gaussian_features(
 
 
 class PerformerAttention(Attention):
-    name = "performer"
+    name = PerformerConfig.name
     config = PerformerConfig
     projection: torch.Tensor
     passes: torch.Tensor
     rank_knob = "num_features"
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        num_features: int = 256,
-        redraw_every: int = 1000,
-        orthogonal: bool = True,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: PerformerConfig | None = None) -> None:
         super().__init__(head_dim, num_heads, seq_len)
-        if int(num_features) < 1:
-            raise ValueError(f"attn.num_features={num_features}: must be a positive integer")
-        self.num_features, self.redraw_every, self.orthogonal = int(num_features), int(redraw_every), bool(orthogonal)
-        self._generator = torch.Generator().manual_seed(int(seed))
+        cfg = cfg or PerformerConfig()
+        if int(cfg.num_features) < 1:
+            raise ValueError(f"attn.num_features={cfg.num_features}: must be a positive integer")
+        self.num_features, self.redraw_every = int(cfg.num_features), int(cfg.redraw_every)
+        self.orthogonal = bool(cfg.orthogonal)
+        self._generator = torch.Generator().manual_seed(int(cfg.seed))
         self.register_buffer("projection", self._draw())
         self.register_buffer("passes", torch.zeros((), dtype=torch.long))
         self._passes = 0
@@ -132,6 +128,6 @@ class PerformerAttention(Attention):
 
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        r = int(m or params.get("num_features", 256))
+        r = int(m or knobs(PerformerConfig, params).num_features)
         proj, mix = 4.0 * n * r * d, 4.0 * n * r * (d + 1)  # Q·Wᵀ and K·Wᵀ; φ(K)ᵀ[V | 1] and φ(Q)·(…)
         return Flops(proj + mix, backward=proj + 2.0 * mix)  # W is a constant: one backward product each

@@ -38,23 +38,27 @@ import torch
 
 from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, masked_softmax
-from models.cost import Flops, Params, sketch_rows
-from models.landmarks.base import gather_tokens
+from models.cost import Flops, Params
+from models.knobs import follows_run_seed, knobs
+from models.landmarks.base import LandmarkSelector, gather_tokens
 from models.landmarks.pivoted_qr import sketch_size
-from models.landmarks.uniform import UniformSelector
+from models.landmarks.uniform import UniformConfig, UniformSelector
 
 COLUMNS = ("kernel", "exact")
 
 
 @dataclass
 class PivotedConfig:
+    """Residual-pivoted landmark attention: exact columns at pivoted keys, ridge coefficients on a row sketch."""
+
     name: str = "pivoted"
     num_landmarks: Any = 64  # r_max (int or "log2"); the selector's τ may stop earlier
     ridge: float = 1.0e-4  # λ relative to mean(diag C_SᵀC_S)
-    sketch_rows: int = 0  # ℓ when the selector supplies no sketch; 0 = 2·r
-    columns: str = "exact"  # exact (blockwise log-sum-exp, O(N²D) time) | kernel (sub-quadratic, unstable)
+    sketch_rows: int = 0  # ℓ, used only when the selector supplies no sketch; 0 = 2·r
+    columns: str = "exact"  # exact (blockwise log-sum-exp: O(n²) time, O(n) memory) | kernel (sub-quadratic,
+    #                         renormalised by a fitted row sum: unstable, see models/attention/pivoted.py)
     block_size: int = 1024  # query block for the exact log-sum-exp
-    seed: int = 0  # own row sketch
+    seed: int = follows_run_seed()  # own row sketch
 
 
 class BlockwiseLSE(torch.autograd.Function):
@@ -87,8 +91,9 @@ class BlockwiseLSE(torch.autograd.Function):
 
 
 class PivotedAttention(LandmarkAttention):
-    name = "pivoted"
+    name = PivotedConfig.name
     config = PivotedConfig
+    default_selector = "pivoted_qr"
 
     #: C = A[:, J] needs landmarks that are tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True
@@ -96,20 +101,19 @@ class PivotedAttention(LandmarkAttention):
 
     def __init__(
         self,
-        *,
-        ridge: float = 1.0e-4,
-        sketch_rows: int = 0,
-        columns: str = "exact",
-        block_size: int = 1024,
-        seed: int = 0,
-        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        cfg: PivotedConfig | None = None,
     ) -> None:
-        super().__init__(**landmarks)
-        if columns not in COLUMNS:
-            raise ValueError(f"attn.columns={columns!r}: expected one of {', '.join(COLUMNS)}")
-        self.ridge, self.sketch_rows = float(ridge), int(sketch_rows)
-        self.columns, self.block_size = columns, int(block_size)
-        self.row_sampler = UniformSelector(seed=seed)
+        cfg = cfg or PivotedConfig()
+        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
+        if cfg.columns not in COLUMNS:
+            raise ValueError(f"attn.columns={cfg.columns!r}: expected one of {', '.join(COLUMNS)}")
+        self.ridge, self.sketch_rows = float(cfg.ridge), int(cfg.sketch_rows)
+        self.columns, self.block_size = cfg.columns, int(cfg.block_size)
+        self.row_sampler = UniformSelector(UniformConfig(seed=cfg.seed))
 
     def _operator(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Â v for any right-hand side `v [B, H, N, E]` (E = D in forward, E = N for the implied matrix)."""
@@ -175,11 +179,12 @@ class PivotedAttention(LandmarkAttention):
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
         r = int(m or 0)
-        ell = sketch_rows(r, n, params)
+        cfg = knobs(PivotedConfig, params)
+        ell = sketch_size(cfg.sketch_rows, r, n)
         # kernel mode: exact sketch rows E_S (ℓ×n) and E_S·V, C_S = E_S[:, J], E[:, J] for all rows, the ridge
         # solve (Gram, right-hand side, LU) and C (T [V | 1]). `columns: exact` adds the O(n²d) log-sum-exp.
         diff: float = 2 * ell * n * d + 2 * ell * r * d + 2 * n * r * d + 2 * ell * n * d
         diff += 2 * ell * r * r + 2 * ell * r * (d + 1) + (2 / 3) * r**3 + 2 * r * r * (d + 1) + 2 * n * r * (d + 1)
-        if params.get("columns", "exact") == "exact":
+        if cfg.columns == "exact":
             diff += 4.0 * n * n * d  # blockwise lse (forward) + the exact sketch rows' softmax
         return Flops(diff)

@@ -28,12 +28,15 @@ import torch
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
 from models.cost import Flops, Params, width_memory
+from models.knobs import knobs
 
 KINDS = ("homogeneous", "inhomogeneous")
 
 
 @dataclass
 class PolynomialConfig:
+    """Exact degree-p polynomial-kernel attention through symmetric tensor features (linear in n)."""
+
     name: str = "polynomial"
     degree: int = 2  # p, even
     kind: str = "homogeneous"  # homogeneous ⟨q,k⟩^p | inhomogeneous (1 + ⟨q,k⟩)^p
@@ -55,7 +58,7 @@ def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 class PolynomialAttention(Attention):
-    name = "polynomial"
+    name = PolynomialConfig.name
     config = PolynomialConfig
     upper: torch.Tensor
     index: torch.Tensor
@@ -64,27 +67,21 @@ class PolynomialAttention(Attention):
     @classmethod
     def feature_dim(cls, d: int, params: Params) -> int:
         """The exact symmetric-tensor feature dimension C(d' + p − 1, p), d' = d (+1 when inhomogeneous)."""
-        dim = d + (params.get("kind", "homogeneous") == "inhomogeneous")
-        return math.comb(dim + int(params.get("degree", 2)) - 1, int(params.get("degree", 2)))
+        cfg = knobs(PolynomialConfig, params)
+        dim = d + (cfg.kind == "inhomogeneous")
+        return math.comb(dim + int(cfg.degree) - 1, int(cfg.degree))
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        degree: int = 2,
-        kind: str = "homogeneous",
-        bias: float = 1.0,
-        qk_norm: bool = False,
-    ) -> None:
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: PolynomialConfig | None = None) -> None:
         super().__init__(head_dim, num_heads, seq_len)
+        cfg = cfg or PolynomialConfig()
+        degree, kind = cfg.degree, cfg.kind
         if kind not in KINDS:
             raise ValueError(f"attn.kind={kind!r}: expected one of {', '.join(KINDS)}")
         if int(degree) < 2 or int(degree) % 2:
             raise ValueError(
                 f"attn.degree={degree}: expected an even degree >= 2 (odd degrees make the normaliser sign-indefinite)"
             )
-        self.degree, self.kind, self.bias, self.qk_norm = int(degree), kind, float(bias), bool(qk_norm)
+        self.degree, self.kind, self.bias, self.qk_norm = int(degree), kind, float(cfg.bias), bool(cfg.qk_norm)
         dim = head_dim + (kind == "inhomogeneous")
         index, weights = symmetric_features(dim, self.degree)
         if self.degree > 2:

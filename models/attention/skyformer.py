@@ -21,18 +21,21 @@ import torch
 from models.attention.base import Attention
 from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv
 from models.cost import Flops, Params, pinv_flops
+from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import broadcast_mask, gather_tokens
-from models.landmarks.uniform import UniformSelector, sample_real_tokens
+from models.landmarks.uniform import UniformConfig, UniformSelector, sample_real_tokens
 
 
 @dataclass
 class SkyformerConfig:
+    """Skyformer: Nyström on the Gaussian kernel of the stacked [Q; K], uniform landmarks from real tokens."""
+
     name: str = "skyformer"
     num_landmarks: int = 128  # nb_features
     ridge: float = 0.1  # λ added to W
     pinv: str = "iterative"  # iterative | exact
-    pinv_iterations: int = 6
-    seed: int = 0
+    pinv_iterations: int = 6  # Newton–Schulz steps of the iterative pinv
+    seed: int = follows_run_seed()
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -41,29 +44,20 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class SkyformerAttention(Attention):
-    name = "skyformer"
+    name = SkyformerConfig.name
     config = SkyformerConfig
     rank_knob = "num_landmarks"
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        num_landmarks: int = 128,
-        ridge: float = 0.1,
-        pinv: str = "iterative",
-        pinv_iterations: int = 6,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: SkyformerConfig | None = None) -> None:
         super().__init__(head_dim, num_heads, seq_len)
-        if pinv not in ("iterative", "exact"):
-            raise ValueError(f"attn.pinv={pinv!r}: expected 'iterative' or 'exact'")
-        if int(num_landmarks) < 2:
-            raise ValueError(f"attn.num_landmarks={num_landmarks}: need at least 2 (half from Q, half from K)")
-        self.num_landmarks, self.ridge = int(num_landmarks), float(ridge)
-        self.pinv, self.pinv_iterations = pinv, int(pinv_iterations)
-        self.sampler = UniformSelector(seed=seed)
+        cfg = cfg or SkyformerConfig()
+        if cfg.pinv not in ("iterative", "exact"):
+            raise ValueError(f"attn.pinv={cfg.pinv!r}: expected 'iterative' or 'exact'")
+        if int(cfg.num_landmarks) < 2:
+            raise ValueError(f"attn.num_landmarks={cfg.num_landmarks}: need at least 2 (half from Q, half from K)")
+        self.num_landmarks, self.ridge = int(cfg.num_landmarks), float(cfg.ridge)
+        self.pinv, self.pinv_iterations = cfg.pinv, int(cfg.pinv_iterations)
+        self.sampler = UniformSelector(UniformConfig(seed=cfg.seed))
 
     def landmark_total(self, seq_len: int) -> int:
         return min(self.num_landmarks, 2 * seq_len)
@@ -111,6 +105,7 @@ class SkyformerAttention(Attention):
 
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
-        m = int(m or params.get("num_landmarks", 128))
+        cfg = knobs(SkyformerConfig, params)
+        m = int(m or cfg.num_landmarks)
         # κ(Q, X_S), κ(X_S, K), κ(X_S, X_S) (Gaussian kernels: one product each), pinv, right-to-left apply
-        return Flops(8.0 * n * m * d + 4.0 * m * m * d + pinv_flops(m, params))
+        return Flops(8.0 * n * m * d + 4.0 * m * m * d + pinv_flops(m, cfg.pinv, cfg.pinv_iterations))

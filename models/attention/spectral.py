@@ -58,7 +58,8 @@ from torch import nn
 from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core
 from models.cost import Flops, Params
-from models.landmarks.base import Landmarks, resolve_num_landmarks
+from models.knobs import knobs
+from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
 from models.landmarks.hash import HashSelector
 
 AFFINITIES = ("tanh", "gaussian")
@@ -67,20 +68,25 @@ EIG_TOL_MODES = ("relative", "absolute", "claim")
 
 @dataclass
 class SpectralConfig:
+    """Outlier-spectral landmark mixer: out = v + α·C P (Cᵀv)/n on a bounded tanh affinity, truncated
+    eigen-core."""
+
     name: str = "spectral"
     num_landmarks: Any = 64  # s (int or "log2"), used when sample_rule = given
     sample_rule: str = "given"  # given | formula (s = c·ln n/(ε⁴δ)·ln³(1/(εδ)), clipped to [r_min, n])
-    eps: float = 0.5
-    delta: float = 0.5
-    c: float = 1.0
-    r_min: int = 8
+    eps: float = 0.5  # ε of the formula (and of eig_tol_mode = claim)
+    delta: float = 0.5  # δ of the formula
+    c: float = 1.0  # c of the formula
+    r_min: int = 8  # the formula's lower clip
     affinity: str = "tanh"  # tanh | gaussian
-    temperature: Any = 0.5  # T in tanh(zᵢᵀzⱼ/T): a positive number, or "sqrt_d" (the claim's √dim z; linear here)
+    temperature: Any = 0.5  # T in tanh(zᵢᵀzⱼ/T) (unit z): 0.5 makes the nonlinearity act; sqrt_d = the claim's √dim z,
+    #                         at which tanh is linear to < 0.5% (see models/attention/spectral.py)
     bandwidth: float = 1.0  # σ of the Gaussian affinity
     tokens: str = "qk"  # what plays the paper's X in the affinity: qk ([q; k]) | key | query
-    eig_tol: float = 0.1  # τ (0.1·max|μ| by default: the tanh affinity is indefinite, see the module docstring)
+    eig_tol: float = 0.1  # τ: 0.1·max|μ| by default (the tanh affinity is indefinite; 1e-3 let its Nyström estimate
+    #                       blow up, see the module docstring)
     eig_tol_mode: str = "relative"  # relative (τ·max|μ|) | absolute (τ) | claim (τ = eps·s, the theorem's εn)
-    alpha_init: float = 0.1
+    alpha_init: float = 0.1  # the learned per-head α at initialisation
     residual: bool = True  # out = v + α·mix (the paper's X + α·…); false: α·mix only
     eval_hash: bool = True  # at inference, replace a randomised selector by hash positions
 
@@ -104,7 +110,9 @@ def resolve_temperature(temperature: Any, dim: int) -> float:
     return value
 
 
-def affinity(a: torch.Tensor, b: torch.Tensor, kind: str, bandwidth: float, temperature: Any = 0.5) -> torch.Tensor:
+def affinity(
+    a: torch.Tensor, b: torch.Tensor, kind: str, bandwidth: float, temperature: Any = SpectralConfig.temperature
+) -> torch.Tensor:
     """Bounded symmetric affinity between unit vectors `a [..., N, D]` and `b [..., M, D]` → `[..., N, M]`."""
     dots = a @ b.transpose(-1, -2)
     if kind == "tanh":
@@ -126,7 +134,7 @@ def symmetric_eigh(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def truncated_inverse(
-    w: torch.Tensor, valid: torch.Tensor, tol: float, mode: str, eps: float = 0.5
+    w: torch.Tensor, valid: torch.Tensor, tol: float, mode: str, eps: float = SpectralConfig.eps
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """P = U diag(1/μ on |μ| ≥ τ, else 0) Uᵀ for symmetric `w [..., s, s]` (fp32) → P and the rank kept `[...]`.
     τ = tol·max|μ| (`relative`), tol (`absolute`) or eps·s_valid (`claim`, the theorem's |λ| ≥ εn).
@@ -154,48 +162,39 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 
 class SpectralAttention(LandmarkAttention):
-    name = "spectral"
+    name = SpectralConfig.name
     config = SpectralConfig
+    default_selector = "uniform"
 
     def __init__(
         self,
-        *,
-        sample_rule: str = "given",
-        eps: float = 0.5,
-        delta: float = 0.5,
-        c: float = 1.0,
-        r_min: int = 8,
-        affinity: str = "tanh",
-        temperature: Any = 0.5,
-        bandwidth: float = 1.0,
-        tokens: str = "qk",
-        eig_tol: float = 0.1,
-        eig_tol_mode: str = "relative",
-        alpha_init: float = 0.1,
-        residual: bool = True,
-        eval_hash: bool = True,
-        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        cfg: SpectralConfig | None = None,
     ) -> None:
-        super().__init__(**landmarks)
+        cfg = cfg or SpectralConfig()
+        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
         checks = (
-            ("sample_rule", sample_rule, ("given", "formula")),
-            ("affinity", affinity, AFFINITIES),
-            ("tokens", tokens, ("qk", "key", "query")),
-            ("eig_tol_mode", eig_tol_mode, EIG_TOL_MODES),
+            ("sample_rule", cfg.sample_rule, ("given", "formula")),
+            ("affinity", cfg.affinity, AFFINITIES),
+            ("tokens", cfg.tokens, ("qk", "key", "query")),
+            ("eig_tol_mode", cfg.eig_tol_mode, EIG_TOL_MODES),
         )
         for key, value, valid in checks:
             if value not in valid:
                 raise ValueError(f"attn.{key}={value!r}: expected one of {', '.join(valid)}")
-        if not (0 < eps < 1 and 0 < delta < 1):
-            raise ValueError(f"attn.eps={eps}, attn.delta={delta}: both must lie in (0, 1)")
-        self.sample_rule = sample_rule
-        self.eps, self.delta, self.c, self.r_min = eps, delta, c, int(r_min)
-        self.affinity, self.bandwidth, self.tokens = affinity, float(bandwidth), tokens
-        resolve_temperature(temperature, 2 * self.head_dim)  # fail at construction on a bad value
-        self.temperature = temperature
-        self.eig_tol, self.eig_tol_mode = float(eig_tol), eig_tol_mode
-        self.residual, self.eval_hash = bool(residual), bool(eval_hash)
-        self.alpha = nn.Parameter(torch.full((self.num_heads,), float(alpha_init)))
+        if not (0 < cfg.eps < 1 and 0 < cfg.delta < 1):
+            raise ValueError(f"attn.eps={cfg.eps}, attn.delta={cfg.delta}: both must lie in (0, 1)")
+        self.sample_rule = cfg.sample_rule
+        self.eps, self.delta, self.c, self.r_min = cfg.eps, cfg.delta, cfg.c, int(cfg.r_min)
+        self.affinity, self.bandwidth, self.tokens = cfg.affinity, float(cfg.bandwidth), cfg.tokens
+        resolve_temperature(cfg.temperature, 2 * self.head_dim)  # fail at construction on a bad value
+        self.temperature = cfg.temperature
+        self.eig_tol, self.eig_tol_mode = float(cfg.eig_tol), cfg.eig_tol_mode
+        self.residual, self.eval_hash = bool(cfg.residual), bool(cfg.eval_hash)
+        self.alpha = nn.Parameter(torch.full((self.num_heads,), float(cfg.alpha_init)))
         self._hash = HashSelector()
         self._rank_kept: torch.Tensor | None = None
 
@@ -278,7 +277,7 @@ class SpectralAttention(LandmarkAttention):
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
         s = int(m or 0)
-        dz = 2 * d if params.get("tokens", "qk") == "qk" else d  # affinity on [q; k] (2d) or on one of them
+        dz = 2 * d if knobs(SpectralConfig, params).tokens == "qk" else d  # affinity on [q; k] (2d) or on one of them
         # C = tanh(Z Z_Sᵀ), W = tanh(Z_S Z_Sᵀ); μ = diag(UᵀWU) and P = U diag(1/μ) Uᵀ (differentiable, 2 s³ each);
         # out = C (P (Cᵀ V)). The eigendecomposition itself runs without grad (≈ 9 s³, an estimate).
         diff = 2 * n * s * dz + 2 * s * s * dz + 4.0 * s**3 + 2 * n * s * d + 2 * s * s * d + 2 * n * s * d

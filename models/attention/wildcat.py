@@ -47,24 +47,28 @@ import torch
 from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, stable_pinv
 from models.cost import Flops, Params, pinv_flops
-from models.landmarks.base import broadcast_mask, gather_tokens
+from models.landmarks.base import LandmarkSelector, broadcast_mask, gather_tokens
 from models.landmarks.rpcholesky import RPCholeskyConfig, RPCholeskySelector, check_tau, key_features
 from models.landmarks.segment_means import segment_assignment
 
 
 @dataclass
 class WildcatConfig:
+    """WildCat (Schröder & Mackey, arXiv 2602.10056): a coreset of keys by randomly pivoted Cholesky, Nyström
+    weights."""
+
     name: str = "wildcat"
-    num_landmarks: Any = 64  # r, the coreset size (int or "log2")
-    tau: Any = "auto"  # kernel temperature of the coreset choice and the weights: "auto" or a positive number
-    center_keys: bool = True  # centre the keys over the real tokens (exact for softmax; the official default)
-    num_bins: int = 1  # C: split the real tokens into C bins, each with its own coreset (needs rpcholesky)
-    clamp_output: bool = False  # clip outputs to the values' range (official inference safeguard; not in Â)
+    num_landmarks: Any = 64  # r, the coreset size (int or log2)
+    tau: Any = "auto"  # kernel temperature of the coreset choice and the weights: auto (official rule) or a number
+    center_keys: bool = True  # centre the keys over the real tokens first (exact for softmax; the official default)
+    num_bins: int = 1  # C bins of real tokens, each with its own coreset (official num_bins; needs rpcholesky)
+    clamp_output: bool = False  # clip outputs to the values' range (official inference safeguard; not part of Â)
 
 
 class WildcatAttention(LandmarkAttention):
-    name = "wildcat"
+    name = WildcatConfig.name
     config = WildcatConfig
+    default_selector = "rpcholesky"
 
     #: the coreset must be tokens (checked by lra_bench.config.validate)
     needs_token_landmarks = True
@@ -72,24 +76,23 @@ class WildcatAttention(LandmarkAttention):
 
     def __init__(
         self,
-        *,
-        tau: Any = "auto",
-        center_keys: bool = True,
-        num_bins: int = 1,
-        clamp_output: bool = False,
-        **landmarks: Any,  # head_dim, num_heads, seq_len, selector, num_landmarks (`LandmarkAttention`)
+        head_dim: int,
+        num_heads: int,
+        seq_len: int,
+        selector: LandmarkSelector,
+        cfg: WildcatConfig | None = None,
     ) -> None:
-        super().__init__(**landmarks)
-        selector = self.selector
-        self.tau = check_tau(tau, "attn.tau")
-        self.center_keys, self.clamp_output = bool(center_keys), bool(clamp_output)
-        self.num_bins = int(num_bins)
+        cfg = cfg or WildcatConfig()
+        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
+        self.tau = check_tau(cfg.tau, "attn.tau")
+        self.center_keys, self.clamp_output = bool(cfg.center_keys), bool(cfg.clamp_output)
+        self.num_bins = int(cfg.num_bins)
         if self.num_bins < 1:
-            raise ValueError(f"attn.num_bins={num_bins!r}: expected a positive integer")
+            raise ValueError(f"attn.num_bins={cfg.num_bins!r}: expected a positive integer")
         rpc = isinstance(selector, RPCholeskySelector)
         if self.num_bins > 1 and not rpc:
             raise ValueError(
-                f"attn.num_bins={num_bins} needs selector=rpcholesky (the per-bin coreset is part of its draw); "
+                f"attn.num_bins={cfg.num_bins} needs selector=rpcholesky (the per-bin coreset is part of its draw); "
                 f"got {type(selector).__name__}"
             )
         if rpc:
@@ -187,4 +190,4 @@ class WildcatAttention(LandmarkAttention):
         diff = 2 * r * r * d + 2 * r * n * d + 2 * r * n * (d + 1) + 2 * r * r * (d + 1)
         diff += 2 * n * r * d + 2 * n * r * (d + 1) + 2 * n * r
         # the SVD-based pseudo-inverse: forward an estimate (`pinv_flops`), backward torch's formula, 8 r×r products
-        return Flops(diff) + Flops(pinv_flops(r, {"pinv": "exact"}), backward=16.0 * r**3)
+        return Flops(diff) + Flops(pinv_flops(r, "exact", 0), backward=16.0 * r**3)

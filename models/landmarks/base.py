@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -87,10 +87,16 @@ class LandmarkSelector(nn.Module):
 
     #: the `selector=` option name; a class with its own `name` is discovered by `lra_bench.registry`
     name: ClassVar[str] = ""
-    #: the config dataclass: its fields are the constructor's keyword arguments (plus `name`)
+    #: the config dataclass (`models.knobs`): `name` plus one field per knob, each default written there only; the
+    #: constructor takes an instance of it (`cfg`), `flops` reads it, `conf/selector/<name>.yaml` is generated
     config: ClassVar[type | None] = None
     #: True when the landmarks are tokens of the sequence (so `Landmarks.indices` is set).
     token_landmarks: bool = False
+
+    def __init__(self, cfg: Any = None) -> None:
+        """`cfg`: the selector's `config` instance; a subclass takes its knobs from it (one without knobs, e.g.
+        `segment_means`, leaves it to this class, which needs none)."""
+        super().__init__()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, m: int) -> Landmarks:
         return self.select(q, k, broadcast_mask(mask, q), m)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from models.cost import Flops, Params, lloyd_flops
+from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks, cluster_means
 from models.landmarks.kmeans import (
     KMeansSettings,
@@ -43,6 +44,7 @@ from models.landmarks.kmeans import (
     exact_fp32,
     kmeans_fit,
     kmeans_landmarks,
+    kmeans_settings,
     lloyd,
     selector_draw,
 )
@@ -52,19 +54,23 @@ from models.landmarks.uniform import SeededSelector
 
 @dataclass
 class GPAConfig:
+    """GPA's progressive k-means: a per-layer codebook of query centroids, refreshed every refresh_every passes
+    by the same k-means core as `kmeans` (seeded once, then warm-started from the codebook)."""
+
     name: str = "gpa"
-    max_iterations: int = 100  # cap on Lloyd iterations per refresh (stops earlier at convergence)
-    tol: float = 1.0e-4  # converged when the inertia falls by less than tol (relative) in one step
-    restarts: int = 1  # seedings of the first codebook; the lowest inertia is kept
-    refresh_every: int = 50  # training passes between codebook refreshes; 1 = per-sequence k-means
-    init: str = "kmeans++"  # first codebook: kmeans++ | segment_means | random
-    empty: str = "farthest"  # empty clusters at refresh: farthest | keep
+    max_iterations: int = KMeansSettings.max_iterations  # cap on Lloyd iterations per refresh
+    #                                                       (the paper's 10: max_iterations=10)
+    tol: float = KMeansSettings.tol  # converged when the inertia falls by less than tol (relative) in one step
+    restarts: int = KMeansSettings.restarts  # seedings of the first codebook; the lowest inertia is kept
+    refresh_every: int = 50  # training passes between codebook refreshes; 1 = plain per-sequence k-means
+    init: str = KMeansSettings.init  # first codebook: kmeans++ | segment_means | random
+    empty: str = KMeansSettings.empty  # empty clusters at refresh: farthest | keep
     local_iterations: int = 0  # per-sequence Lloyd iterations started from the codebook
-    seed: int = 0
+    seed: int = follows_run_seed()
 
 
 class ProgressiveKMeansSelector(SeededSelector):
-    name = "gpa"
+    name = GPAConfig.name
     config = GPAConfig
     codebook: torch.Tensor
     codebook_valid: torch.Tensor
@@ -73,22 +79,13 @@ class ProgressiveKMeansSelector(SeededSelector):
 
     randomized = False
 
-    def __init__(
-        self,
-        max_iterations: int = 100,
-        tol: float = 1.0e-4,
-        restarts: int = 1,
-        refresh_every: int = 50,
-        init: str = "kmeans++",
-        empty: str = "farthest",
-        local_iterations: int = 0,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(seed)
-        self.settings = KMeansSettings(int(max_iterations), float(tol), int(restarts), init, empty)
-        if int(refresh_every) < 1:
-            raise ValueError(f"selector.refresh_every={refresh_every}: must be >= 1 (1 = per-sequence k-means)")
-        self.refresh_every, self.local_iterations = int(refresh_every), int(local_iterations)
+    def __init__(self, cfg: GPAConfig | None = None) -> None:
+        cfg = cfg or GPAConfig()
+        super().__init__(cfg.seed)
+        self.settings = kmeans_settings(cfg)
+        if int(cfg.refresh_every) < 1:
+            raise ValueError(f"selector.refresh_every={cfg.refresh_every}: must be >= 1 (1 = per-sequence k-means)")
+        self.refresh_every, self.local_iterations = int(cfg.refresh_every), int(cfg.local_iterations)
         self.last_iterations = 0  # Lloyd iterations of the last refresh (or per-sequence fit)
         self.register_buffer("codebook", torch.zeros(0))
         self.register_buffer("codebook_valid", torch.zeros(0, dtype=torch.bool))
@@ -186,8 +183,9 @@ class ProgressiveKMeansSelector(SeededSelector):
         # steady state: assign every token to the codebook (one matmul) + q and k means; the refresh (Lloyd on the
         # pooled batch, warm-started from the codebook, at its iteration cap: an upper bound) runs once every
         # `refresh_every` passes and is counted amortised (the first refresh's seeding once, not counted)
-        every = max(1, int(params.get("refresh_every", 50)))
-        its = int(params.get("max_iterations", 100))
-        local = int(params.get("local_iterations", 0))
+        cfg = knobs(GPAConfig, params)
+        every = max(1, int(cfg.refresh_every))
+        its = int(cfg.max_iterations)
+        local = int(cfg.local_iterations)
         steady = 2.0 * n * m * d + 2.0 * n * d
         return Flops(0.0, steady + lloyd_flops(n, m, d, its) / every + lloyd_flops(n, m, d, local))

@@ -33,11 +33,13 @@ def evenly_spaced(mask: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tenso
 
 @dataclass
 class HashConfig:
+    """Deterministic landmarks: evenly spaced real tokens (stratum midpoints); no randomness, no state."""
+
     name: str = "hash"
 
 
 class HashSelector(LandmarkSelector):
-    name = "hash"
+    name = HashConfig.name
     config = HashConfig
 
     token_landmarks = True

@@ -32,14 +32,18 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 
 from models.cost import Flops, Params, lloyd_flops
+from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks, cluster_means, gather_tokens
 from models.landmarks.segment_means import segment_assignment
 from models.landmarks.uniform import SeededSelector, weighted_sample
+
+if TYPE_CHECKING:  # the gpa selector builds on this module
+    from models.landmarks.gpa import GPAConfig
 
 INITS = ("kmeans++", "segment_means", "random")
 EMPTY = ("farthest", "keep")
@@ -50,7 +54,9 @@ Draw = Callable[[tuple[int, int, int], int], torch.Tensor]
 
 @dataclass(frozen=True)
 class KMeansSettings:
-    """The knobs of one k-means run (the `kmeans` and `gpa` selectors' config fields)."""
+    """The knobs of one k-means run, validated: the `kmeans` and `gpa` selectors' config fields of the same names
+    take their defaults from here (`KMeansConfig`, `models.landmarks.gpa.GPAConfig`), so the two selectors and the
+    diagnostics' clustering share one k-means default."""
 
     max_iterations: int = 100
     tol: float = 1e-4
@@ -144,8 +150,8 @@ def lloyd(
     centroids: torch.Tensor,
     c_valid: torch.Tensor,
     max_iterations: int,
-    tol: float = 1e-4,
-    empty: str = "farthest",
+    tol: float = KMeansSettings.tol,
+    empty: str = KMeansSettings.empty,
 ) -> KMeansFit:
     """Lloyd's algorithm on `x [B, H, N, D]` (detached) with real-token `mask [B, 1, N]` from `centroids
     [B, H, m, D]` / `c_valid [B, H, m]`, each sequence/head until its assignment stops changing or its inertia
@@ -294,46 +300,46 @@ def kmeans_landmarks(
     return cluster_landmarks(q, k, mask, fit.assignment, m), fit
 
 
-def seeding_flops(n: int, m: int, d: int, params: Params) -> float:
+def seeding_flops(n: int, m: int, d: int, init: str, restarts: int) -> float:
     """Greedy k-means++: m steps of 2 + ⌊ln m⌋ candidate distance columns, per restart (segment means: one pass;
     random tokens: no arithmetic)."""
-    init = params.get("init", "kmeans++")
     if init == "segment_means":
         return float(n * d)
     if init == "random":
         return 0.0
-    restarts = max(1, int(params.get("restarts", 1)))
-    return restarts * m * (2 + int(math.log(max(m, 1)))) * 2.0 * n * d
+    return max(1, int(restarts)) * m * (2 + int(math.log(max(m, 1)))) * 2.0 * n * d
+
+
+def kmeans_settings(cfg: KMeansConfig | GPAConfig) -> KMeansSettings:
+    """The validated k-means knobs of a `kmeans` or `gpa` selector config."""
+    return KMeansSettings(int(cfg.max_iterations), float(cfg.tol), int(cfg.restarts), cfg.init, cfg.empty)
 
 
 @dataclass
 class KMeansConfig:
+    """Per-sequence k-means on the queries (k-means++ seeding, Lloyd to convergence); landmarks = query and key
+    means over the clusters."""
+
     name: str = "kmeans"
-    max_iterations: int = 100  # cap on Lloyd iterations (it stops earlier once every sequence/head converged)
-    tol: float = 1.0e-4  # converged when the inertia falls by less than tol (relative) in one step
-    restarts: int = 1  # independent seedings; the lowest inertia is kept
-    init: str = "kmeans++"  # kmeans++ | segment_means | random
-    empty: str = "farthest"  # farthest (re-seed empty clusters) | keep (previous centroid)
-    seed: int = 0  # the selector's own generator (kmeans++ / random seeding)
+    max_iterations: int = KMeansSettings.max_iterations  # cap on Lloyd iterations (it stops earlier
+    #                                                       once every sequence/head converged)
+    tol: float = KMeansSettings.tol  # converged when the inertia falls by less than tol (relative) in one step
+    restarts: int = KMeansSettings.restarts  # independent seedings; the lowest inertia is kept
+    init: str = KMeansSettings.init  # kmeans++ | segment_means | random
+    empty: str = KMeansSettings.empty  # farthest (re-seed empty clusters) | keep (previous centroid)
+    seed: int = follows_run_seed()  # the selector's own generator (kmeans++ / random seeding)
 
 
 class KMeansSelector(SeededSelector):
-    name = "kmeans"
+    name = KMeansConfig.name
     config = KMeansConfig
 
     randomized = False  # data-driven: the seeding follows the data
 
-    def __init__(
-        self,
-        max_iterations: int = 100,
-        tol: float = 1.0e-4,
-        restarts: int = 1,
-        init: str = "kmeans++",
-        empty: str = "farthest",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(seed)
-        self.settings = KMeansSettings(int(max_iterations), float(tol), int(restarts), init, empty)
+    def __init__(self, cfg: KMeansConfig | None = None) -> None:
+        cfg = cfg or KMeansConfig()
+        super().__init__(cfg.seed)
+        self.settings = kmeans_settings(cfg)
         self.last_iterations = 0  # Lloyd iterations of the last call (the slowest sequence/head)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
@@ -345,7 +351,9 @@ class KMeansSelector(SeededSelector):
     def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
         # seeding, Lloyd iterations at their cap (an upper bound: Lloyd stops once every sequence/head converged),
         # per restart, the final assignment, then q and k means over the clusters
-        its = int(params.get("max_iterations", 100))
-        restarts = 1 if params.get("init", "kmeans++") == "segment_means" else max(1, int(params.get("restarts", 1)))
-        work = seeding_flops(n, m, d, params) + restarts * lloyd_flops(n, m, d, its) + 2.0 * n * m * d + 2.0 * n * d
+        cfg = knobs(KMeansConfig, params)
+        its = int(cfg.max_iterations)
+        restarts = 1 if cfg.init == "segment_means" else max(1, int(cfg.restarts))
+        seeding = seeding_flops(n, m, d, cfg.init, cfg.restarts)
+        work = seeding + restarts * lloyd_flops(n, m, d, its) + 2.0 * n * m * d + 2.0 * n * d
         return Flops(0.0, work)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from models.cost import Flops, Params
+from models.knobs import follows_run_seed
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32, kmeanspp_indices
 from models.landmarks.uniform import SeededSelector, token_landmarks
@@ -19,16 +20,21 @@ from models.landmarks.uniform import SeededSelector, token_landmarks
 
 @dataclass
 class KMeansPPConfig:
+    """k-means++ (D² sampling) seeds on the queries; the landmarks are those tokens."""
+
     name: str = "kmeans_pp"
-    seed: int = 0
+    seed: int = follows_run_seed()
 
 
 class KMeansPPSelector(SeededSelector):
-    name = "kmeans_pp"
+    name = KMeansPPConfig.name
     config = KMeansPPConfig
 
     token_landmarks = True
     randomized = False  # data-driven: D² sampling follows the data
+
+    def __init__(self, cfg: KMeansPPConfig | None = None) -> None:
+        super().__init__((cfg or KMeansPPConfig()).seed)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         b, h = q.shape[:2]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.cost import Flops, Params, sketch_rows
+from models.cost import Flops, Params
+from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32
 from models.landmarks.pivoted_qr import sketch_rows_softmax, sketch_size
@@ -36,22 +37,25 @@ def ridge_leverage(a: torch.Tensor, ridge: float, m: int) -> torch.Tensor:
 
 @dataclass
 class LeverageConfig:
+    """Ridge-leverage-score sampling of key tokens on a row sketch of softmax(QKᵀ)."""
+
     name: str = "leverage"
     ridge: float = 1.0  # λ = ridge·‖A_S‖_F²/m
     sketch_rows: int = 0  # ℓ query rows in the sketch; 0 = 2·m
-    seed: int = 0
+    seed: int = follows_run_seed()
 
 
 class LeverageSelector(SeededSelector):
-    name = "leverage"
+    name = LeverageConfig.name
     config = LeverageConfig
 
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 
-    def __init__(self, ridge: float = 1.0, sketch_rows: int = 0, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.ridge, self.sketch_rows = float(ridge), int(sketch_rows)
+    def __init__(self, cfg: LeverageConfig | None = None) -> None:
+        cfg = cfg or LeverageConfig()
+        super().__init__(cfg.seed)
+        self.ridge, self.sketch_rows = float(cfg.ridge), int(cfg.sketch_rows)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         b, h, n, _ = q.shape
@@ -67,6 +71,6 @@ class LeverageSelector(SeededSelector):
 
     @classmethod
     def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        ell = sketch_rows(m, n, params)
+        ell = sketch_size(knobs(LeverageConfig, params).sketch_rows, m, n)
         # sketch rows, Gram A_S A_Sᵀ, Cholesky, solve against A_S, column-wise dot products
         return Flops(0.0, 2.0 * ell * n * d + 2.0 * ell * ell * n + ell**3 / 3 + 2.0 * ell * ell * n + 2.0 * ell * n)

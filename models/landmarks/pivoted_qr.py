@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.cost import Flops, Params, sketch_rows
+from models.cost import Flops, Params
+from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks, gather_tokens
 from models.landmarks.kmeans import exact_fp32
 from models.landmarks.uniform import SeededSelector, sample_real_tokens, token_landmarks
@@ -98,22 +99,25 @@ def greedy_pivots(a: torch.Tensor, mask: torch.Tensor, m: int, tol: float) -> tu
 
 @dataclass
 class PivotedQRConfig:
+    """Greedy residual-norm column pivoting (randomized QRCP) of softmax(QKᵀ) on a row sketch; token landmarks."""
+
     name: str = "pivoted_qr"
     tol: float = 1.0e-3  # τ: stop when the largest residual column norm ≤ τ·‖A_S‖_F
     sketch_rows: int = 0  # ℓ query rows in the sketch; 0 = 2·m
-    seed: int = 0  # for the row sketch
+    seed: int = follows_run_seed()  # for the row sketch
 
 
 class PivotedQRSelector(SeededSelector):
-    name = "pivoted_qr"
+    name = PivotedQRConfig.name
     config = PivotedQRConfig
 
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 
-    def __init__(self, tol: float = 1.0e-3, sketch_rows: int = 0, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.tol, self.sketch_rows = float(tol), int(sketch_rows)
+    def __init__(self, cfg: PivotedQRConfig | None = None) -> None:
+        cfg = cfg or PivotedQRConfig()
+        super().__init__(cfg.seed)
+        self.tol, self.sketch_rows = float(cfg.tol), int(cfg.sketch_rows)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         ell = sketch_size(self.sketch_rows, m, q.shape[-2])
@@ -126,7 +130,7 @@ class PivotedQRSelector(SeededSelector):
 
     @classmethod
     def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
-        ell = sketch_rows(m, n, params)
+        ell = sketch_size(knobs(PivotedQRConfig, params).sketch_rows, m, n)
         # ℓ exact rows of A (Q_S Kᵀ); m greedy steps on the ℓ×n residual: the rank-1 projection (qᵀE, then
         # q(qᵀE): 4ℓn; the column norms are elementwise) and two re-orthogonalisations against the basis (8ℓt at step t)
         greedy = m * 4.0 * ell * n + 4.0 * ell * m * m

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from models.cost import Flops, Params
+from models.knobs import follows_run_seed
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32
 from models.landmarks.uniform import SeededSelector, token_landmarks
@@ -139,24 +140,28 @@ def rpcholesky(
 
 @dataclass
 class RPCholeskyConfig:
+    """Randomly pivoted Cholesky (arXiv 2207.06503) on the exp kernel of the centred keys; token landmarks.
+    Under attn=wildcat the kernel is the attention's (attn.tau, attn.center_keys); these apply elsewhere."""
+
     name: str = "rpcholesky"
-    tau: Any = "auto"  # kernel temperature: "auto" (official rule) or a positive number
-    center: bool = True  # centre the keys (over real tokens) before taking the kernel
-    tol: float = 1.0e-5  # a pivot whose normalised residual is ≤ tol leaves its slot invalid
-    seed: int = 0
+    tau: Any = "auto"  # kernel temperature: auto (WildCat's rule τ² = 3.94582·max‖k‖/max‖q‖) or a number
+    center: bool = True  # centre the keys over the real tokens before taking the kernel
+    tol: float = 1.0e-5  # a pivot whose normalised residual is <= tol leaves its slot invalid
+    seed: int = follows_run_seed()
 
 
 class RPCholeskySelector(SeededSelector):
-    name = "rpcholesky"
+    name = RPCholeskyConfig.name
     config = RPCholeskyConfig
 
     token_landmarks = True
     randomized = False  # data-driven: the draws follow the kernel's residual
 
-    def __init__(self, tau: Any = "auto", center: bool = True, tol: float = 1.0e-5, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.tau = check_tau(tau, "selector.tau")
-        self.center, self.tol = bool(center), float(tol)
+    def __init__(self, cfg: RPCholeskyConfig | None = None) -> None:
+        cfg = cfg or RPCholeskyConfig()
+        super().__init__(cfg.seed)
+        self.tau = check_tau(cfg.tau, "selector.tau")
+        self.center, self.tol = bool(cfg.center), float(cfg.tol)
 
     def pivots(
         self, z: torch.Tensor, eligible: torch.Tensor, m: int, bins: torch.Tensor | None = None, num_bins: int = 1

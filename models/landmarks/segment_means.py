@@ -27,11 +27,13 @@ def segment_assignment(mask: torch.Tensor, m: int) -> torch.Tensor:
 
 @dataclass
 class SegmentMeansConfig:
+    """Nyströmformer's landmarks: means of m contiguous segments of the real tokens."""
+
     name: str = "segment_means"
 
 
 class SegmentMeans(LandmarkSelector):
-    name = "segment_means"
+    name = SegmentMeansConfig.name
     config = SegmentMeansConfig
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:

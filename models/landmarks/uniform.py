@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from models.cost import Flops, Params
+from models.knobs import follows_run_seed
 from models.landmarks.base import Landmarks, LandmarkSelector, gather_tokens
 
 #: added to `seed` for the eval-mode generator, so eval draws differ from the first training draws
@@ -35,7 +36,7 @@ class SeededSelector(LandmarkSelector):
     #: at inference, as its paper prescribes); data-driven selectors that merely sample a sketch set False
     randomized: bool = True
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int) -> None:
         super().__init__()
         self.seed = int(seed)
         self._train_generator = torch.Generator().manual_seed(self.seed)
@@ -95,15 +96,20 @@ def sample_real_tokens(
 
 @dataclass
 class UniformConfig:
+    """m distinct real tokens drawn uniformly (own seeded generator; a fixed draw at eval)."""
+
     name: str = "uniform"
-    seed: int = 0
+    seed: int = follows_run_seed()
 
 
 class UniformSelector(SeededSelector):
-    name = "uniform"
+    name = UniformConfig.name
     config = UniformConfig
 
     token_landmarks = True
+
+    def __init__(self, cfg: UniformConfig | None = None) -> None:
+        super().__init__((cfg or UniformConfig()).seed)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         idx, valid = sample_real_tokens(self, mask, q.shape[1], m)

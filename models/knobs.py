@@ -1,0 +1,31 @@
+"""A component's knobs: its config dataclass is the one place each default is written.
+
+Every attention and selector declares a `config` dataclass (its `name` plus one field per knob, each with its
+default). The constructor takes an instance of it, the cost model (`flops`, `memory`) reads its values through
+`knobs`, and `lra_bench.config.generate` writes the option YAML (`conf/attn/<name>.yaml`,
+`conf/selector/<name>.yaml`) from it — so a default changed in the dataclass changes all of them at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import field, fields
+from typing import Any, TypeVar
+
+Config = TypeVar("Config")
+
+#: field metadata: the top-level config key a knob follows in the option YAML (`${seed}`), see `follows_run_seed`
+FOLLOWS = "follows"
+
+
+def knobs(schema: type[Config], params: Mapping[str, Any]) -> Config:
+    """An instance of `schema` from config values by name: a missing knob takes its dataclass default, and keys
+    that are not fields (what a cost model is handed beside the knobs) are ignored."""
+    names = {f.name for f in fields(schema)}  # type: ignore[arg-type]  # `schema` is a dataclass by contract
+    return schema(**{k: v for k, v in params.items() if k in names})
+
+
+def follows_run_seed() -> Any:
+    """A `seed` knob whose option YAML says `${seed}`: in a run it follows the run seed (the component draws from
+    its own generator, never the global RNG); built directly, the component gets seed 0."""
+    return field(default=0, metadata={FOLLOWS: "seed"})
