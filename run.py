@@ -28,7 +28,7 @@ def check_run(cfg: DictConfig) -> None:
 def main(cfg: DictConfig) -> float | None:
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-    from lra_bench.config.validate import ConfigError
+    from lra_bench.errors import ConfigError
     from lra_bench.run.quiet import quiet_terminal
     from lra_bench.run.runlog import route_lightning_logs_to_hydra, tee_output
     from lra_bench.run.train import train

@@ -32,7 +32,7 @@ def default_out(checkpoint: Path) -> Path:
 
 def run_config(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The resolved config the checkpoint was trained with."""
-    from lra_bench.config.validate import ConfigError
+    from lra_bench.errors import ConfigError
     from lra_bench.record import results
     from lra_bench.run.checkpoint_identity import meta_of
 
@@ -56,7 +56,7 @@ NOT_OFFERED = ("hydra", "callbacks.fault", "train", "test", "retest")
 
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> DictConfig:
     """The checkpoint's config with logistics `KEY=VALUE` overrides; any other key is a one-line error."""
-    from lra_bench.config.validate import ConfigError
+    from lra_bench.errors import ConfigError
     from lra_bench.record.identity import LOGISTICS, is_logistics
 
     cfg = OmegaConf.create(config)
@@ -94,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_third_party_warnings()
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-    from lra_bench.config.validate import ConfigError, check_writable, validate
+    from lra_bench.config.validate import check_writable, validate
+    from lra_bench.errors import ConfigError
     from lra_bench.run.checkpoint_identity import load
     from lra_bench.run.evaluation import evaluate
     from lra_bench.run.quiet import quiet_terminal

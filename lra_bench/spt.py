@@ -25,7 +25,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import ConfigError, validate
+from lra_bench.config.validate import validate
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.predictions import load_predictions
 from tests.conftest import TINY_LISTOPS, compose, run_cli

@@ -19,7 +19,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.run import checkpointing
 from tests.conftest import TINY_LISTOPS, compose, fault
 

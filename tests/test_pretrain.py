@@ -16,7 +16,8 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 
-from lra_bench.config.validate import ConfigError, validate
+from lra_bench.config.validate import validate
+from lra_bench.errors import ConfigError
 from lra_bench.registry import ATTENTIONS, build_attention
 from lra_bench.run import pretrain as stage
 from lra_bench.run.build import build_datamodule, build_model

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.run import checkpointing
 from tests.conftest import REPO, TINY_LISTOPS, compose, fault, run_cli

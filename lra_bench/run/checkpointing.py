@@ -54,6 +54,7 @@ from pytorch_lightning.callbacks import Checkpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
+from lra_bench.errors import ConfigError
 from lra_bench.run.progress import say
 from tasks.files import make_readable, unique_tmp
 
@@ -92,8 +93,6 @@ def load_usable(path: str | Path, shown: object = None) -> dict[str, Any]:
     """The checkpoint at `path`, or a one-line `ConfigError` when it cannot be resumed or tested from (`shown`: the
     value as the user typed it, for the message). The one check behind an explicit `ckpt_path` (pre-flight) and
     every later load."""
-    from lra_bench.config.validate import ConfigError
-
     checkpoint, problem = read_checkpoint(Path(path))
     if checkpoint is None:
         raise ConfigError(

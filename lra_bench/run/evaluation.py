@@ -22,7 +22,7 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import new_record, now
 from lra_bench.run import checkpointing, run_state

@@ -30,7 +30,7 @@ from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.registry import ATTENTIONS
 from lra_bench.run.module import adamw_with_schedule
 from models.attention.base import Attention

@@ -99,7 +99,7 @@ def check_launch(cfg: DictConfig) -> None:
         return
     if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
         return
-    from lra_bench.config.validate import ConfigError
+    from lra_bench.errors import ConfigError
 
     raise ConfigError(
         f"trainer.strategy={strategy} with trainer.devices={devices} inside a Hydra multirun: Lightning's ddp "
