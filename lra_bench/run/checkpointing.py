@@ -28,7 +28,7 @@ Why this module exists:
   `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
   (Lightning has no callback for this; `torch.random.fork_rng` guards the RNG where diagnostics must not draw.)
 * `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off (see
-  `lra_bench.run.train.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
+  `lra_bench.run.parts.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
   step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step (and its validation) and raises
   `SIGTERMException` → `LastCheckpoint` saves → `train()` records the stop and calls submitit's own handler,
   which requeues the job and exits. If no step boundary comes within `grace_s` (half the launcher's
