@@ -18,7 +18,7 @@ prepare_process()  # OpenMP's idle threads sleep, freed memory stays in the heap
 
 
 def check_run(cfg: DictConfig) -> None:
-    """Everything `train()` checks first (schemas, types and ranges, paths, task options), before Hydra writes."""
+    """Everything `run_stage()` checks first (schemas, types and ranges, paths, task options), before Hydra writes."""
     from lra_bench.run.build import check_run_config
 
     check_run_config(cfg)
@@ -28,17 +28,17 @@ def check_run(cfg: DictConfig) -> None:
 def main(cfg: DictConfig) -> float | None:
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-    from lra_bench.config.validate import ConfigError
+    from lra_bench.errors import ConfigError
+    from lra_bench.run.entry import run_stage
     from lra_bench.run.quiet import quiet_terminal
     from lra_bench.run.runlog import route_lightning_logs_to_hydra, tee_output
-    from lra_bench.run.train import train
     from tasks.layout import DataSourceError
 
     route_lightning_logs_to_hydra()
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     with tee_output(output_dir / "run.log" if rank_zero_only.rank == 0 else None), quiet_terminal():
         try:
-            record = train(cfg, output_dir)
+            record = run_stage(cfg, output_dir)
         except (ConfigError, DataSourceError) as err:
             print(f"error: {err}", file=sys.stderr)
             if HydraConfig.get().mode.name == "RUN":

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lra_bench.config.compose import compose_config, one_line
+from lra_bench.errors import ConfigError
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
@@ -78,7 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     as_json = "--json" in argv
     overrides = [a for a in argv if a != "--json"]
-    from lra_bench.config.validate import ConfigError
     from tasks.layout import DataSourceError
 
     try:

@@ -257,7 +257,7 @@ def test_leaderboard_of_an_empty_dir_is_one_line_exit_2(capsys, tmp_path: Path) 
     ids=["non-utf8", "header-only"],
 )
 def test_bad_tsv_is_one_line_naming_the_file(tmp_path: Path, content: bytes, message: str) -> None:
-    from lra_bench.run.train import train
+    from lra_bench.run.entry import run_stage
     from tasks.generate import listops as generator
 
     folder = tmp_path / "data" / "listops-1000"
@@ -265,7 +265,7 @@ def test_bad_tsv_is_one_line_naming_the_file(tmp_path: Path, content: bytes, mes
     (folder / "basic_val.tsv").write_bytes(content)
     cfg = compose([*TINY_LISTOPS, "attn=full", f"data_dir={tmp_path / 'data'}", "task.generate_if_missing=false"])
     with pytest.raises(DataSourceError) as err:
-        train(cfg, tmp_path / "run")
+        run_stage(cfg, tmp_path / "run")
     assert str(err.value).startswith(f"{folder / 'basic_val.tsv'}: ") and message in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lra_bench.config.validate import ConfigError, validate
+from lra_bench.config.validate import validate
+from lra_bench.errors import ConfigError
 from lra_bench.registry import ATTENTIONS, SELECTORS, TASKS
 from tests.conftest import CONF, REPO, compose
 

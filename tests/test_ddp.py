@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.predictions import load_predictions
 from tests.conftest import TINY_LISTOPS, compose, run_cli
@@ -21,7 +21,7 @@ from tests.oracle import oracle
 def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from lra_bench.run.train import check_launch
+    from lra_bench.run.entry import check_launch
 
     cfg = compose(["trainer=ddp_cpu", "hydra.mode=MULTIRUN"], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)

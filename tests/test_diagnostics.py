@@ -19,6 +19,7 @@ from lra_bench.diagnostics.callback import DiagnosticsCallback, build_probe
 from lra_bench.diagnostics.metrics import block_coherence, eckart_young_floor, head_metrics, singular_values
 from lra_bench.record import results
 from lra_bench.run.build import build_network as build_classifier
+from lra_bench.run.entry import run_stage
 from tests.conftest import TINY_LISTOPS, compose, run_cli
 
 
@@ -166,7 +167,7 @@ def test_probe_is_the_longest_sequences_cut_to_max_len() -> None:
     assert probe["input_ids"].shape == (3, 16)
     assert probe["mask"].sum(-1).tolist() == [16, 12, 16]
     assert torch.equal(probe["input_ids"], dm.splits["val"].ids[[0, 1, 3], :16])
-    cb = DiagnosticsCallback({**CFG, "probe_size": 1}, dm, results.empty_record())
+    cb = DiagnosticsCallback({**CFG, "probe_size": 1}, dm)
     first = cb.probe(torch.device("cpu"))
     dm.splits["val"].lengths = torch.tensor([1, 1, 1, 1])  # the probe is fixed once chosen
     assert torch.equal(cb.probe(torch.device("cpu"))["input_ids"], first["input_ids"])
@@ -187,7 +188,7 @@ def test_compute_is_pure(attn: dict, selector: dict | None) -> None:
     model({"input_ids": ids, "mask": torch.ones(2, 20, dtype=torch.bool)})  # one pass: GPA codebook exists
     before = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
     rng = torch.get_rng_state()
-    cb = DiagnosticsCallback(CFG, FakeDataModule(), results.empty_record())
+    cb = DiagnosticsCallback(CFG, FakeDataModule())
     diag = cb.compute(model, torch.device("cpu"))
     assert torch.equal(rng, torch.get_rng_state()), "the global RNG stream is untouched"
     assert model.training, "the model's mode is restored"
@@ -209,7 +210,7 @@ def test_compute_is_pure(attn: dict, selector: dict | None) -> None:
 
 def test_layers_and_heads_selection() -> None:
     model = tiny_model({"name": "nystrom", "num_landmarks": 4, "conv_kernel": 0}, {"name": "segment_means"})
-    cb = DiagnosticsCallback({**CFG, "layers": [1], "heads": [0]}, FakeDataModule(), results.empty_record())
+    cb = DiagnosticsCallback({**CFG, "layers": [1], "heads": [0]}, FakeDataModule())
     diag = cb.compute(model, torch.device("cpu"))
     assert [layer["layer"] for layer in diag["layers"]] == [1]
     assert [h["head"] for h in diag["layers"][0]["heads"]] == [0]
@@ -225,8 +226,8 @@ class ListLogger:
 
 def test_latest_and_best_bookkeeping() -> None:
     model = tiny_model({"name": "nystrom", "num_landmarks": 4, "conv_kernel": 0}, {"name": "uniform"})
-    record = results.empty_record()
-    cb = DiagnosticsCallback(CFG, FakeDataModule(), record)
+    writes = []
+    cb = DiagnosticsCallback(CFG, FakeDataModule(), on_update=lambda: writes.append(cb.latest["step"]))
     logger = ListLogger()
     module = SimpleNamespace(model=model, device=torch.device("cpu"))
     computed_at = []
@@ -239,19 +240,17 @@ def test_latest_and_best_bookkeeping() -> None:
             loggers=[logger],
         )
         cb.on_validation_end(trainer, module)
-        computed_at.append(record["diagnostics"]["latest"]["step"])
+        computed_at.append(cb.latest["step"])
     # every 2nd validation (1st, 3rd) plus any that improves val/acc (1st, 4th)
     assert computed_at == [10, 10, 30, 40]
-    assert record["diagnostics"]["best"]["step"] == 40 and record["diagnostics"]["best"]["val_acc"] == pytest.approx(
-        0.6
-    )
+    assert writes == [10, 30, 40], "the record owner is told after each measurement (it rewrites results.json)"
+    assert cb.best["step"] == 40 and cb.best["val_acc"] == pytest.approx(0.6)
     assert [step for _, step in logger.calls] == [10, 30, 40]
     assert "diag/matrix_residual" in logger.calls[0][0] and "diag/L0/H1/ey_ratio" in logger.calls[0][0]
     state = cb.state_dict()
-    fresh_record = results.empty_record()
-    fresh = DiagnosticsCallback(CFG, FakeDataModule(), fresh_record)
+    fresh = DiagnosticsCallback(CFG, FakeDataModule())
     fresh.load_state_dict(state)
-    assert fresh.best_val == pytest.approx(0.6) and fresh_record["diagnostics"]["best"]["step"] == 40
+    assert fresh.best_val == pytest.approx(0.6) and fresh.best["step"] == 40
 
 
 # -- end to end -------------------------------------------------------------------------------------------
@@ -293,7 +292,7 @@ def train_and_capture(overrides: list[str], out: Path, monkeypatch: pytest.Monke
     original = train_module._extra_callbacks
     monkeypatch.setattr(train_module, "_extra_callbacks", lambda *a: [*original(*a), capture])
     cfg = compose([*overrides, f"output_root={out}", f"data_dir={out.parent / 'data'}"])
-    record = train_module.train(cfg, out / "run")
+    record = run_stage(cfg, out / "run")
     return capture.state, record
 
 

@@ -255,7 +255,8 @@ SWEEP = [
 def test_sweep_composition_rule(attn: str, selector: str) -> None:
     """`run.py -m attn=nystrom,spectral,pivoted selector=uniform,segment_means,kmeans,pivoted_qr`: every pair that
     makes sense composes and validates; pivoted with cluster-mean landmarks fails with one clear line."""
-    from lra_bench.config.validate import ConfigError, validate
+    from lra_bench.config.validate import validate
+    from lra_bench.errors import ConfigError
     from tests.conftest import compose
 
     cfg = compose([f"attn={attn}", f"selector={selector}"])

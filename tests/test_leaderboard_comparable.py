@@ -45,8 +45,9 @@ def _write(
 
     cfg = compose(overrides)
     resolve_stage(cfg)
-    record = new_record(cfg, root / name, with_env=False)
-    identify(record, DATA_MODULE)
+    built = new_record(cfg, root / name, with_env=False)
+    built.set_identity(identify(built, DATA_MODULE))
+    record = built.to_dict()
     record["status"] = "completed"
     record["run"].update(finished_at="2026-01-02T00:00:00")
     record["metrics"].update(

@@ -19,7 +19,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.run import checkpointing
 from tests.conftest import TINY_LISTOPS, compose, fault
 
@@ -94,16 +94,17 @@ SMALL = [
 
 def _train(tmp_path: Path, *overrides: str, extra: list | None = None) -> dict:
     import lra_bench.run.train as train_module
+    from lra_bench.run.entry import run_stage
 
     cfg = compose([*SMALL, f"data_dir={tmp_path / 'data'}", *overrides])
     if extra:
         original = train_module._extra_callbacks
         train_module._extra_callbacks = lambda *a: [*original(*a), *extra]
         try:
-            return train_module.train(cfg, tmp_path / "run")
+            return run_stage(cfg, tmp_path / "run")
         finally:
             train_module._extra_callbacks = original
-    return train_module.train(cfg, tmp_path / "run")
+    return run_stage(cfg, tmp_path / "run")
 
 
 def _metrics(tmp_path: Path) -> list[dict[str, str]]:

@@ -2,8 +2,9 @@
 recorded off-protocol because the run derives `pretraining: "none"` while the protocol's composed config said null).
 
 Two levels, both through the run's own code: every task × attention a protocol's leaderboard lists goes through
-the function chain `lra_bench.run.train.train` runs before it records (validate → derive_run_keys → new_record →
-identify); and real `run.py` processes are read at the record they write once the run has started.
+the function chain `lra_bench.run.entry.run_stage` and `lra_bench.run.train.train` run before it records (validate →
+derive_run_keys → new_record → identify); and real `run.py` processes are read at the record they write once the
+run has started.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def recorded_conformance(overrides: list[str]) -> dict[str, Any]:
     conformance.derive_run_keys(cfg)  # train(): validate (check_components first), then the stage keys
     check_rules(cfg)
     record = new_record(cfg, Path("/tmp/lra-out/run"), with_env=False)
-    identify(record, PreparedData(source="/tmp/lra-data/x", cache_path="/tmp/lra-data/cache/v1-0"))
-    return record
+    record.set_identity(identify(record, PreparedData(source="/tmp/lra-data/x", cache_path="/tmp/lra-data/cache/v1-0")))
+    return record.to_dict()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

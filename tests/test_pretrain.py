@@ -16,12 +16,14 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 
-from lra_bench.config.validate import ConfigError, validate
+from lra_bench.config.validate import validate
+from lra_bench.errors import ConfigError
 from lra_bench.registry import ATTENTIONS, build_attention
 from lra_bench.run import pretrain as stage
 from lra_bench.run.build import build_datamodule, build_model
 from lra_bench.run.checkpointing import load_checkpoint
-from lra_bench.run.train import _build_module, train
+from lra_bench.run.entry import run_stage
+from lra_bench.run.parts import build_module
 from models.attention.full import FullAttention
 from tasks.base import ArrowSplit
 from tasks.cache import arrays_to_dataset
@@ -41,7 +43,7 @@ def pretrained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("spt")
     out = root / "outputs" / "pretrain-full"
     torch.set_num_threads(1)
-    record = train(tiny_cfg(root, "attn=full", "stage=pretrain", "trainer.max_steps=6"), out)
+    record = run_stage(tiny_cfg(root, "attn=full", "stage=pretrain", "trainer.max_steps=6"), out)
     assert record["status"] == "completed"
     return out
 
@@ -167,7 +169,7 @@ def _finetune_module(tmp: Path, pretrained: Path, *overrides: str) -> tuple[pl.L
     dm = build_datamodule(cfg)
     dm.setup()
     pl.seed_everything(0)
-    return _build_module(cfg, dm, source), cfg
+    return build_module(cfg, dm, source), cfg
 
 
 def test_finetune_loads_exactly_the_pretrained_encoder_and_a_fresh_head(pretrained_run: Path, tmp_path: Path) -> None:
@@ -206,13 +208,13 @@ def test_a_checkpoint_file_of_the_run_can_be_named_instead(pretrained_run: Path,
 def test_gpa_codebook_is_loaded_with_the_encoder(tmp_path: Path) -> None:
     out = tmp_path / "outputs" / "pretrain-gpa"
     cfg = tiny_cfg(tmp_path, "attn=gpa", "stage=pretrain", "trainer.max_steps=4", "selector.refresh_every=2")
-    assert train(cfg, out)["status"] == "completed"
+    assert run_stage(cfg, out)["status"] == "completed"
     cfg = tiny_cfg(tmp_path, "attn=gpa", f"pretrained='{out}'", "selector.refresh_every=2")
     validate(cfg)
     source = stage.resolve_stage(cfg)
     dm = build_datamodule(cfg)
     dm.setup()
-    module = _build_module(cfg, dm, source)
+    module = build_module(cfg, dm, source)
     state = load_checkpoint(out / "checkpoints" / "last.ckpt")["state_dict"]
     books = [k for k in state if k.endswith("selector.codebook")]
     assert books and all(state[k].abs().sum() > 0 for k in books)  # refreshed during pretraining
@@ -242,7 +244,7 @@ def test_a_mismatched_finetune_is_one_line(
 def test_the_one_command_experiment_refuses_an_outside_encoder(pretrained_run: Path, tmp_path: Path) -> None:
     cfg = tiny_cfg(tmp_path, "experiment=spt/listops", "attn=full", f"pretrained='{pretrained_run}'")
     with pytest.raises(ConfigError, match="stage=spt pretrains its own encoder"):
-        train(cfg, tmp_path / "job")
+        run_stage(cfg, tmp_path / "job")
     assert not (tmp_path / "job").exists()
 
 
@@ -314,7 +316,7 @@ def test_causal_is_refused_with_one_line_where_unsupported(tmp_path: Path) -> No
 
 def test_causal_pretraining_runs_for_full(tmp_path: Path) -> None:
     cfg = tiny_cfg(tmp_path, "attn=full", "stage=pretrain", "objective=causal", "trainer.max_steps=2")
-    record = train(cfg, tmp_path / "causal")
+    record = run_stage(cfg, tmp_path / "causal")
     assert record["status"] == "completed" and record["pretraining"] == "causal"
     assert record["pretrain"]["objective"] == "causal" and record["pretrain"]["mask_ratio"] is None
     assert record["pretrain"]["curve"] and record["metrics"]["val_acc"] is None

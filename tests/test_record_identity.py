@@ -72,7 +72,7 @@ def test_sweep_callback_and_run_build_the_same_record_fields(
     assert (from_callback["selector"], from_callback["rank_budget"]) == (selector, landmarks)  # log2(2048) = 11
     from lra_bench.record.builder import new_record  # what train() builds its record with
 
-    from_run = new_record(compose(overrides), tmp_path)
+    from_run = new_record(compose(overrides), tmp_path).to_dict()
     keys = ("task", "attn", "selector", "protocol", "rank_budget", "seed")
     assert {k: from_callback[k] for k in keys} == {k: from_run[k] for k in keys}
 
@@ -108,7 +108,7 @@ def _identity_of(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     from lra_bench.record.identity import run_identity
 
     derive_run_keys(cfg)
-    record = new_record(cfg, Path("/nonexistent/run"), with_env=False)
+    record = new_record(cfg, Path("/nonexistent/run"), with_env=False).to_dict()
     return record, run_identity(record["config"], DATA)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.run import checkpointing
 from tests.conftest import REPO, TINY_LISTOPS, compose, fault, run_cli
@@ -30,10 +30,10 @@ SMALL = [
 
 
 def _train(tmp_path: Path, *overrides: str, out: Path | None = None) -> dict:
-    from lra_bench.run.train import train
+    from lra_bench.run.entry import run_stage
 
     cfg = compose([*SMALL, f"data_dir={tmp_path / 'data'}", *overrides])
-    return train(cfg, out or tmp_path / "run")
+    return run_stage(cfg, out or tmp_path / "run")
 
 
 def _finite(path: Path) -> bool:

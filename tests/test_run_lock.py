@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.run.lock import LOCK_FILE, RunDirLock, check_free
 from tests.conftest import REPO
 

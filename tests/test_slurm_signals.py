@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lra_bench.record import results
-from lra_bench.run.train import build_datamodule
+from lra_bench.run.build import build_datamodule
 from tests import conftest_slurm
 from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, compose, fault, start_run
 from tests.wandb_log import history_steps, run_ids

@@ -250,7 +250,8 @@ def test_bad_split_value_is_one_line(tmp_path: Path) -> None:
 
 
 def test_lra_original_recipe_sets_split_and_pixel0_mask() -> None:
-    from lra_bench.config.validate import ConfigError, validate
+    from lra_bench.config.validate import validate
+    from lra_bench.errors import ConfigError
     from tests.conftest import compose
 
     cfg = compose(["protocol=lra_original", "task=image"])

@@ -230,7 +230,8 @@ def test_review_form_tfds_on_a_disk_copy(tmp_path: Path) -> None:
 
 
 def test_review_form_bad_value_and_the_lra_original_recipe(tmp_path: Path) -> None:
-    from lra_bench.config.validate import ConfigError, validate
+    from lra_bench.config.validate import validate
+    from lra_bench.errors import ConfigError
     from tests.conftest import compose
 
     with pytest.raises(ValueError) as err:

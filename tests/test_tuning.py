@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from lra_bench.config.validate import ConfigError, check_resolvable
+from lra_bench.config.validate import check_resolvable
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity
 from lra_bench.sweep.tuning import FILENAME, OPTUNA_RESULTS, write_result

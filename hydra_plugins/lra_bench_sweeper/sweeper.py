@@ -52,7 +52,7 @@ class ValidatingSweeper(BasicSweeper):
 
     def check_jobs(self, jobs: list[list[str]], varying: set[str]) -> list[list[str]]:
         from lra_bench.config.compose import one_line
-        from lra_bench.config.validate import ConfigError, IncompatibleCombination
+        from lra_bench.errors import ConfigError, IncompatibleCombination
         from lra_bench.run.build import check_run_config
 
         assert self.hydra_context is not None and self.config is not None

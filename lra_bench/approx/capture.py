@@ -1,7 +1,7 @@
 """Attention inputs captured from a model: q, k, v of every attention layer and head, on real sequences.
 
 * `trained`: a checkpoint `<run>/checkpoints/*.ckpt` — the model is rebuilt from the run's own
-  `<run>/.hydra/config.yaml` (`lra_bench.run.train.build_datamodule` / `build_model`, the same code that trained
+  `<run>/.hydra/config.yaml` (`lra_bench.run.build.build_datamodule` / `build_model`, the same code that trained
   it), its weights loaded, and run in eval mode on the longest validation sequences of its task (the probe
   rule of the training-time diagnostics, `lra_bench.diagnostics.callback.build_probe`).
 * `random_model`: the same architecture freshly initialised (seeded) — from the checkpoint's run config when
@@ -128,7 +128,7 @@ def model_instances(
     ckpt: str | None, settings: dict[str, Any], compose_main: Any, seed: int
 ) -> tuple[dict[str, list[Instance]], dict[str, Any]]:
     """Instances for `trained` (when a checkpoint is given) and `random_model`, plus provenance notes."""
-    from lra_bench.run.train import build_datamodule, build_model
+    from lra_bench.run.build import build_datamodule, build_model
 
     sequences, max_len, min_len = int(settings["sequences"]), int(settings["max_len"]), int(settings["min_len"])
     out: dict[str, list[Instance]] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from lra_bench.config.validate import NONE, Rule, _is_int, check_table, choice, integer, number, one_of
+from lra_bench.errors import ConfigError
 
 LENGTHS = Rule(
     lambda v: isinstance(v, list) and len(v) > 0 and all(_is_int(n) and n >= 1 for n in v),
@@ -44,6 +45,4 @@ BENCH_RULES: dict[str, Rule] = {
 def check_bench(cfg: DictConfig) -> None:
     check_table(cfg, BENCH_RULES)
     if int(cfg.min_repeats) > int(cfg.repeats):
-        from lra_bench.config.validate import ConfigError
-
         raise ConfigError(f"min_repeats={cfg.min_repeats} exceeds repeats={cfg.repeats}; need min_repeats <= repeats")

@@ -31,7 +31,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.config.compose import compose_config, one_line
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import ConfigError, check_dir_path, check_paths, check_writable
+from lra_bench.config.validate import check_dir_path, check_paths, check_writable
+from lra_bench.errors import ConfigError
 
 EXIT_BAD_INPUT = 2
 

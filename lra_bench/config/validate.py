@@ -18,20 +18,11 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from lra_bench.errors import ConfigError, IncompatibleCombination
 from lra_bench.registry import ATTENTIONS, AXES, SELECTORS, UnknownComponent
 
 SCHEDULES = ("linear", "cosine", "constant", "rsqrt")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true")
-
-
-class ConfigError(ValueError):
-    """A configuration mistake; its message is the whole story (no traceback needed)."""
-
-
-class IncompatibleCombination(ConfigError):
-    """Two choices that each exist but cannot go together (a selector on an attention that takes none, cluster-mean
-    landmarks for an attention that needs token landmarks): in a sweep's cross product such a job is skipped with
-    one line (`hydra_plugins.lra_bench_sweeper`), not launched to fail."""
 
 
 def _device_count(devices: object) -> int | None:

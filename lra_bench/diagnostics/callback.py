@@ -12,7 +12,9 @@ It never changes training: no gradients, eval mode (restored afterwards), no dra
 (the global CPU/CUDA RNG states are saved and restored around it; selectors draw from their own
 generators, which in eval mode are freshly seeded per call; GPA's codebook and Performer's features never
 change in eval mode). Results go to every Lightning logger under `diag/...` (per layer/head and the summary)
-and into the result record: `record["diagnostics"]["latest"]` at each run, `["best"]` when val/acc improves.
+and to the result record through two attributes the run's record owner reads (`lra_bench.run.recorder`):
+`latest` at each run, `best` when val/acc improves; `on_update` (the owner's write) is called after each run, so
+`results.json` shows them while the run trains.
 Each head keeps its per-sequence values; head and probe summaries are medians plus the pooled ratio
 Σerr/Σfloor, with heads whose Eckart–Young floor is below 1% of ‖A‖_F flagged and listed, not averaged in
 (`lra_bench.diagnostics.metrics.summary_metrics`). The rank budget is the effective one (see `effective_rank`).
@@ -21,7 +23,7 @@ Each head keeps its per-sequence values; head and probe summaries are medians pl
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,6 @@ from omegaconf import DictConfig
 from lra_bench.config.plain import plain_dict
 from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
-from lra_bench.record import results
 from lra_bench.run.progress import say
 from models.attention.base import Attention
 from models.encoder import MultiHeadAttention
@@ -155,10 +156,17 @@ def build_probe(datamodule: Any, size: int, max_len: int, scan: int = 512) -> di
 
 
 class DiagnosticsCallback(pl.Callback):
-    def __init__(self, diag_cfg: DictConfig | dict[str, Any], datamodule: Any, record: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        diag_cfg: DictConfig | dict[str, Any],
+        datamodule: Any,
+        on_update: Callable[[], None] | None = None,
+    ) -> None:
         cfg = plain_dict(diag_cfg)
         self.cfg = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k in ("heads", "layers")}}
-        self.datamodule, self.record = datamodule, record
+        self.datamodule, self.on_update = datamodule, on_update
+        self.latest: dict[str, Any] | None = None  # the last measurement
+        self.best: dict[str, Any] | None = None  # the measurement at the best val/acc so far
         self.validations = 0
         self.best_val: float | None = None
         self._probe: dict[str, torch.Tensor] | None = None
@@ -166,13 +174,13 @@ class DiagnosticsCallback(pl.Callback):
 
     # -- checkpointed state (so a resumed run keeps its best-val diagnostics) ----------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"validations": self.validations, "best_val": self.best_val, "best": self.record["diagnostics"]["best"]}
+        return {"validations": self.validations, "best_val": self.best_val, "best": self.best}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.validations = int(state_dict.get("validations", 0))
         self.best_val = state_dict.get("best_val")
         if state_dict.get("best") is not None:
-            self.record["diagnostics"]["best"] = state_dict["best"]
+            self.best = state_dict["best"]
 
     # -- the hook ---------------------------------------------------------------------------------------
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -191,13 +199,12 @@ class DiagnosticsCallback(pl.Callback):
         if diag is None:
             return
         diag.update(step=int(trainer.global_step), val_acc=val_acc)
-        self.record["diagnostics"]["latest"] = diag
+        self.latest = diag
         if improved:
-            self.record["diagnostics"]["best"] = diag
+            self.best = diag
         self.log_to(trainer, diag)
-        output_dir = (self.record.get("run") or {}).get("output_dir")
-        if output_dir:
-            results.write_atomic(Path(output_dir) / results.FILENAME, self.record)
+        if self.on_update is not None:
+            self.on_update()
 
     # -- the measurement --------------------------------------------------------------------------------
     def probe(self, device: torch.device) -> dict[str, torch.Tensor] | None:

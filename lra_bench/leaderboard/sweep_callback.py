@@ -71,7 +71,7 @@ class LeaderboardCallback(Callback):
         if record is None:  # the same builder as the run's own records: one method, one leaderboard row
             from lra_bench.record.builder import new_record
 
-            record = new_record(config, output_dir)
+            record = new_record(config, output_dir).to_dict()
         record["status"], record["error"] = "failed", message
         record["run"]["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         results.write_atomic(path, record)

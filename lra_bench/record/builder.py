@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.record import results
+from lra_bench.record.schema import RunInfo, RunRecord
 
 
 def now() -> str:
@@ -83,13 +83,13 @@ def rank_budget(cfg: DictConfig) -> int | None:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> dict[str, Any]:
+def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> RunRecord:
     """A schema-complete record (status `running`) for the run `cfg` in `output_dir`: what it is (task, attn,
     selector, protocol, resolved rank budget, seed), where, the resolved config, the code and environment.
     Identity, fingerprint and deviations need the data and are added by the run."""
-    record = results.empty_record()
     seed = select(cfg, "seed")
-    record.update(
+    planned = select(cfg, "trainer.max_steps")
+    record = RunRecord(
         task=select(cfg, "task.name"),
         attn=select(cfg, "attn.name"),
         protocol=select(cfg, "protocol.name"),
@@ -97,18 +97,17 @@ def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> d
         selector=selector_name(cfg),
         rank_budget=rank_budget(cfg),
         config=resolved_config(cfg),
-    )
-    planned = select(cfg, "trainer.max_steps")
-    record["run"].update(
-        name=output_dir.name,
-        output_dir=str(output_dir.resolve()),
-        started_at=now(),
-        planned_steps=int(planned) if isinstance(planned, int) else None,
-        segments=[],
+        run=RunInfo(
+            name=output_dir.name,
+            output_dir=str(output_dir.resolve()),
+            started_at=now(),
+            planned_steps=int(planned) if isinstance(planned, int) else None,
+            segments=[],
+        ),
     )
     if with_env:
         from lra_bench.record.provenance import code_version, environment
 
-        record["code"] = code_version()
-        record["env"] = environment()
+        record.code = code_version()
+        record.env = environment()
     return record

@@ -30,9 +30,10 @@ METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", *MEASUREM
 
 
 def derive_run_keys(cfg: Any) -> Any:
-    """Settle `cfg` as `lra_bench.run.train.train` does before it records the config: the components' typed values
-    (`check_components`, which `validate` runs first) and the derived stage keys (`resolve_stage`: `pretraining`,
-    `pretraining_fingerprint`). Returns `resolve_stage`'s result (the run a fine-tune starts from, or None)."""
+    """Settle `cfg` as `lra_bench.run.entry.run_stage` does before a stage records the config: the components' typed
+    values (`check_components`, which `validate` runs first) and the derived stage keys (`resolve_stage`:
+    `pretraining`, `pretraining_fingerprint`). Returns `resolve_stage`'s result (the run a fine-tune starts from,
+    or None)."""
     from lra_bench.config.validate import check_components
     from lra_bench.run.pretrain import resolve_stage
 

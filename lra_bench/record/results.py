@@ -1,5 +1,7 @@
 """The result record: one `results.json` per run, written atomically, read by the leaderboard.
 
+The schema's types live in `lra_bench.record.schema` (a dataclass per section); this module is the file's I/O.
+
 Schema (version 2) — every key is always present; unknown values are null:
 
     schema_version  int
@@ -47,78 +49,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lra_bench.record.schema import STATUSES, DataInfo, Metrics, RunInfo, RunRecord
 from tasks.files import atomic_path
 
-SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 FILENAME = "results.json"
-STATUSES = ("running", "completed", "failed", "interrupted", "evaluated")
 FINAL_STATUSES = ("completed", "evaluated")  # a record in one of these is never rewritten by re-running it
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
-METRIC_KEYS = (
-    "val_acc",
-    "test_acc",
-    "test_loss",
-    "test_examples",
-    "best_step",
-    "train_steps",
-    "step_time_median_s",
-    "tokens_per_s",
-    "peak_memory_mib",
-    "params",
-    "data_share",
-    "timed_steps",
-    "step_time_iqr_s",
-    "load_avg_1m",
-)
+METRIC_KEYS = Metrics.keys()
 #: metric keys added to schema 2 after it first shipped: null when reading a record written before them
 LATER_METRIC_KEYS = ("timed_steps", "step_time_iqr_s", "load_avg_1m")
-RUN_KEYS = (
-    "name",
-    "output_dir",
-    "started_at",
-    "finished_at",
-    "wandb_id",
-    "resumed_from_step",
-    "resumed_from",
-    "planned_steps",
-    "segments",
-)
+RUN_KEYS = RunInfo.keys()
 #: top-level keys added in schema 2 (null in a version-1 record)
 V2_KEYS = ("fingerprint", "identity", "code", "off_protocol", "deviations", "evaluation", "predictions")
-DATA_KEYS = ("text_length", "max_length", "seq_len", "tokenizer_version", "split", "source")
+DATA_KEYS = DataInfo.keys()
 
 
 def empty_record() -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "status": "running",
-        "error": None,
-        "task": None,
-        "attn": None,
-        "selector": None,
-        "protocol": None,
-        "rank_budget": None,
-        "seed": None,
-        "fingerprint": None,
-        "identity": None,
-        "code": None,
-        "off_protocol": None,
-        "deviations": None,
-        "evaluation": None,
-        "predictions": None,
-        "stage": "supervised",
-        "pretraining": "none",
-        "pretrained": None,
-        "pretrain": None,
-        "run": dict.fromkeys(RUN_KEYS),
-        "metrics": dict.fromkeys(METRIC_KEYS),
-        "diagnostics": {"latest": None, "best": None},
-        "data": dict.fromkeys(DATA_KEYS),
-        "env": {},
-        "config": {},
-    }
+    """Every key of the schema, each null or its default (`lra_bench.record.schema.RunRecord`)."""
+    return RunRecord().to_dict()
 
 
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:

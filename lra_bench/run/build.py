@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lra_bench.config.plain import plain_dict
+from lra_bench.errors import ConfigError
 from lra_bench.registry import ATTENTIONS, TASKS, build_attention, build_selector
 from models.attention.base import Attention
 from models.build import AttentionFactory, build_classifier, offset_seed
@@ -22,8 +23,6 @@ def build_datamodule(cfg: DictConfig) -> Any:
     """The task's data module; for `stage=pretrain` its self-pretraining view (train inputs only, masked). A task
     constructor's `ValueError` is an option it rejects (`task.difficulty=x`, lengths a task cannot have): a
     `ConfigError`, one line, exit 2 — not a traceback."""
-    from lra_bench.config.validate import ConfigError
-
     cls = TASKS.get(cfg.task.name)
     try:
         dm = cls(

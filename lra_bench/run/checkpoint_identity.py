@@ -25,7 +25,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record.builder import now
 from lra_bench.record.identity import architecture, describe, differing_keys
 from lra_bench.record.provenance import code_label

@@ -28,7 +28,7 @@ Why this module exists:
   `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
   (Lightning has no callback for this; `torch.random.fork_rng` guards the RNG where diagnostics must not draw.)
 * `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off (see
-  `lra_bench.run.train.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
+  `lra_bench.run.parts.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
   step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step (and its validation) and raises
   `SIGTERMException` → `LastCheckpoint` saves → `train()` records the stop and calls submitit's own handler,
   which requeues the job and exits. If no step boundary comes within `grace_s` (half the launcher's
@@ -54,6 +54,7 @@ from pytorch_lightning.callbacks import Checkpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
+from lra_bench.errors import ConfigError
 from lra_bench.run.progress import say
 from tasks.files import make_readable, unique_tmp
 
@@ -92,8 +93,6 @@ def load_usable(path: str | Path, shown: object = None) -> dict[str, Any]:
     """The checkpoint at `path`, or a one-line `ConfigError` when it cannot be resumed or tested from (`shown`: the
     value as the user typed it, for the message). The one check behind an explicit `ckpt_path` (pre-flight) and
     every later load."""
-    from lra_bench.config.validate import ConfigError
-
     checkpoint, problem = read_checkpoint(Path(path))
     if checkpoint is None:
         raise ConfigError(

@@ -22,14 +22,18 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
-from lra_bench.record.builder import new_record, now
+from lra_bench.record.builder import new_record
+from lra_bench.record.schema import RunRecord
 from lra_bench.run import checkpointing, run_state
+from lra_bench.run.build import build_datamodule
 from lra_bench.run.checkpoint_identity import check_fits, meta_of
 from lra_bench.run.console import print_summary
+from lra_bench.run.parts import build_module, majority_share, prepare_data, slurm_plugins, trainer_kwargs
+from lra_bench.run.recorder import Recorder
 from lra_bench.run.start import identify
-from lra_bench.run.test_outputs import TestOutputs, test_and_record
+from lra_bench.run.test_outputs import TestOutputs, run_test
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -57,53 +61,39 @@ def checkpoint_to_test(cfg: DictConfig, output_dir: Path) -> str:
 
 
 def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Test the checkpoint `cfg.ckpt_path` with the model `cfg` describes; write and return the `evaluated` record."""
-    from lra_bench.run.train import _build_module, majority_share, prepare_data, slurm_plugins, trainer_kwargs
-
+    """Test the checkpoint `cfg.ckpt_path` with the model `cfg` describes; write and return the `evaluated` record.
+    Called by `lra_bench.run.entry.run_stage` (config validated, run dir locked)."""
+    output_dir = Path(output_dir)
     is_zero = getattr(rank_zero_only, "rank", 0) == 0
     ckpt = checkpoint_to_test(cfg, output_dir)
-    record_path = Path(output_dir) / results.FILENAME
     existing = run_state.read_existing_record(output_dir)
     if existing is not None and existing.get("evaluation") is None:
         raise ConfigError(
-            f"{record_path} is a training run's record (status {existing.get('status')}); an evaluation never "
-            "replaces it: evaluate into another folder (drop run_name=, or --out DIR)"
+            f"{output_dir / results.FILENAME} is a training run's record (status {existing.get('status')}); an "
+            "evaluation never replaces it: evaluate into another folder (drop run_name=, or --out DIR)"
         )
-    record = new_record(cfg, Path(output_dir))
-    record["run"]["planned_steps"] = None
-    record["evaluation"] = {"checkpoint": ckpt, "checkpoint_step": None, "checkpoint_fingerprint": None}
-    owned = existing is None  # a new folder records even a refusal; an earlier evaluation is kept until this one runs
-
-    def write_record() -> None:
-        if is_zero and owned:
-            results.write_atomic(record_path, record)
-
-    write_record()
+    recorder = Recorder(new_record(cfg, output_dir), output_dir, is_zero)
+    record = recorder.record
+    record.run.planned_steps = None
+    record.evaluation = {"checkpoint": ckpt, "checkpoint_step": None, "checkpoint_fingerprint": None}
+    recorder.owned = existing is None  # a new folder records even a refusal; an earlier evaluation is kept till now
+    recorder.write()
     try:
         pl.seed_everything(int(cfg.seed), workers=True)
-        from lra_bench.run.build import build_datamodule
-
         dm = build_datamodule(cfg)
-        prepare_data(dm, Path(output_dir), is_zero)
-        record["data"].update(dm.data_info())
-        record["data"]["majority_share"] = majority_share(dm) if is_zero else None
-        module = _build_module(cfg, dm)
-        identity, _ = identify(record, dm)
-        checkpoint = check_fits(ckpt, identity, module)
-        meta = meta_of(checkpoint) or {}
-        record["evaluation"] = {
-            "checkpoint": ckpt,
-            "checkpoint_step": int(checkpoint.get("global_step", 0)),
-            "checkpoint_fingerprint": meta.get("fingerprint"),
-        }
-        del checkpoint
-        if _same_evaluation(existing, record) and not cfg.get("retest"):
+        prepare_data(dm, output_dir, is_zero)
+        record.data.update(dm.data_info())
+        record.data.update({"majority_share": majority_share(dm) if is_zero else None})
+        module = build_module(cfg, dm)
+        found = identify(record, dm)
+        record.set_identity(found)
+        record.evaluation = checkpoint_facts(ckpt, found.identity, module)
+        if existing is not None and _same_evaluation(existing, record) and not cfg.get("retest"):
             if is_zero:
-                print_summary(existing)  # type: ignore[arg-type]
-                print(f"[lra-bench] already evaluated: {record_path} left unchanged (retest=true tests again)")
-            return existing  # type: ignore[return-value]
-        owned = True
-        write_record()
+                print_summary(existing)
+                print(f"[lra-bench] already evaluated: {recorder.path} left unchanged (retest=true tests again)")
+            return existing
+        recorder.own()
         outputs = TestOutputs()
         trainer = pl.Trainer(
             **trainer_kwargs(cfg),
@@ -114,26 +104,35 @@ def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             enable_progress_bar=bool(cfg.callbacks.progress_bar),
             plugins=slurm_plugins(),
         )
-        test_and_record(trainer, module, dm, ckpt, outputs, record, Path(output_dir))
-        record["metrics"]["params"] = sum(p.numel() for p in module.parameters())
-        record["status"] = "evaluated"
+        recorder.add_test(run_test(trainer, module, dm, ckpt, outputs, output_dir))
+        record.metrics.params = sum(p.numel() for p in module.parameters())
+        record.status = "evaluated"
     except BaseException as err:
-        record["status"], record["error"] = "failed", f"{type(err).__name__}: {err}"
+        recorder.fail(err)
         raise
     finally:
-        record["run"]["finished_at"] = now()
-        write_record()
+        recorder.finish()
     if is_zero:
-        print_summary(record)
-    return record
+        print_summary(recorder.as_dict())
+    return recorder.as_dict()
 
 
-def _same_evaluation(existing: dict[str, Any] | None, record: dict[str, Any]) -> bool:
+def checkpoint_facts(ckpt: str, identity: dict[str, Any], module: pl.LightningModule) -> dict[str, Any]:
+    """The record's `evaluation` section, once the checkpoint is known to fit the model (`check_fits`)."""
+    checkpoint = check_fits(ckpt, identity, module)
+    meta = meta_of(checkpoint) or {}
+    return {
+        "checkpoint": ckpt,
+        "checkpoint_step": int(checkpoint.get("global_step", 0)),
+        "checkpoint_fingerprint": meta.get("fingerprint"),
+    }
+
+
+def _same_evaluation(existing: dict[str, Any], record: RunRecord) -> bool:
     """Whether `existing` is a finished evaluation of the same checkpoint (path, step, fingerprint) by the same
     experiment (fingerprint, data included)."""
     return (
-        existing is not None
-        and existing.get("status") == "evaluated"
-        and existing.get("fingerprint") == record["fingerprint"]
-        and existing.get("evaluation") == record["evaluation"]
+        existing.get("status") == "evaluated"
+        and existing.get("fingerprint") == record.fingerprint
+        and existing.get("evaluation") == record.evaluation
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import Timeout, UnixFileLock
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from tasks.files import umask
 
 LOCK_FILE = ".lock"

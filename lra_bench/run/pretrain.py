@@ -30,7 +30,7 @@ from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.registry import ATTENTIONS
 from lra_bench.run.module import adamw_with_schedule
 from models.attention.base import Attention
@@ -247,12 +247,9 @@ def build_pretrain_module(cfg: DictConfig, dm: PretrainingData, model: LanguageM
     return PretrainModule(model, str(cfg.spt.loss), dm.task.vocab_size, optim, int(cfg.trainer.max_steps), info)
 
 
-def finish_record(record: dict[str, Any], module: PretrainModule) -> None:
-    """Move the stage's numbers into `record["pretrain"]`: its metrics are not classification accuracies, so
-    `metrics.val_acc`/`test_acc` stay null (no table can mistake a masked-token accuracy for a task score)."""
-    section = record["pretrain"]
-    section["curve"] = list(module.curve)
-    section["best_val_acc"] = record["metrics"].get("val_acc")
-    section["final"] = module.curve[-1] if module.curve else None  # the state `pretrained=<run dir>` loads
-    record["metrics"]["val_acc"] = None
-    record["metrics"]["test_acc"] = None
+def final_section(info: dict[str, Any], best_val_acc: float | None, module: PretrainModule) -> dict[str, Any]:
+    """The record's `pretrain` section at the end of the stage: `info` with the curve, the best masked-token
+    validation accuracy and the final point. Its metrics are not classification accuracies, so the stage's record
+    leaves `metrics.val_acc`/`test_acc` null (no table can mistake a masked-token accuracy for a task score)."""
+    final = module.curve[-1] if module.curve else None  # the state `pretrained=<run dir>` loads
+    return {**info, "curve": list(module.curve), "best_val_acc": best_val_acc, "final": final}

@@ -27,7 +27,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, fingerprint, flatten, under
 from lra_bench.run.checkpointing import LAST, load_checkpoint

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import now
 from lra_bench.record.identity import DATA_KEYS, config_identity, data_identity, differing_keys, under

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lra_bench.config.validate import ConfigError
+from lra_bench.errors import ConfigError
 
 
 def _size(dm: Any, split: str) -> int:

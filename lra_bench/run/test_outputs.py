@@ -136,29 +136,31 @@ def _in_split_order(rows: np.ndarray, losses: np.ndarray, split_size: int) -> tu
     return TestResult(label=label, pred=pred, loss=loss, split_size=int(split_size)), None
 
 
-def test_and_record(
-    trainer: pl.Trainer,
-    module: pl.LightningModule,
-    dm: Any,
-    ckpt: str,
-    outputs: TestOutputs,
-    record: dict[str, Any],
-    output_dir: Path,
-) -> None:
-    """Test `ckpt` (weights and buffers: GPA's codebook) and put its per-example numbers into `record`; rank 0
+@dataclass(frozen=True)
+class Tested:
+    """What a test adds to the record: `metrics` (test_acc; test_loss and test_examples too when the per-example
+    outputs exist) and `predictions`, the file name of those outputs beside the record (None: not written)."""
+
+    metrics: dict[str, Any]
+    predictions: str | None
+
+
+def run_test(
+    trainer: pl.Trainer, module: pl.LightningModule, dm: Any, ckpt: str, outputs: TestOutputs, output_dir: Path
+) -> Tested:
+    """Test `ckpt` (weights and buffers: GPA's codebook) and return its per-example numbers for the record; rank 0
     writes `test_predictions.npz` beside the record."""
     trainer.test(module, datamodule=dm, ckpt_path=ckpt, weights_only=True, verbose=False)  # the summary has them
-    result, metrics = outputs.result, record["metrics"]
+    result = outputs.result
     if result is None:
         exact = trainer.world_size == 1 and trainer.callback_metrics.get("test/acc") is not None
-        metrics["test_acc"] = float(trainer.callback_metrics["test/acc"]) if exact else None
         if trainer.is_global_zero:
             say(f"[lra-bench] warning: no per-example test outputs ({outputs.problem})", file=sys.stderr)
-        return
-    metrics.update(test_acc=result.accuracy, test_loss=result.mean_loss, test_examples=result.examples)
+        return Tested({"test_acc": float(trainer.callback_metrics["test/acc"]) if exact else None}, None)
     if trainer.is_global_zero:
         save_predictions(Path(output_dir) / PREDICTIONS_FILE, result.label, result.pred)
-    record["predictions"] = PREDICTIONS_FILE
+    metrics = {"test_acc": result.accuracy, "test_loss": result.mean_loss, "test_examples": result.examples}
+    return Tested(metrics, PREDICTIONS_FILE)
 
 
 def _gather(pl_module: pl.LightningModule, tensor: torch.Tensor) -> torch.Tensor:

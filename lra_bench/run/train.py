@@ -1,50 +1,49 @@
-"""One training run: validate the config, build data + model, fit, test on the best-val checkpoint, record.
+"""The training stage: build data + model, fit, test on the best-val checkpoint, record.
 
-Resuming is the default: the run's output dir is derived from its overrides (same command → same dir), and
-`ckpt_path=last` continues from `<output_dir>/checkpoints/last.ckpt` when it exists (a corrupt one falls back to
-`last-prev.ckpt`, then the best checkpoint; see `lra_bench.run.checkpointing`, which also owns requeue handling).
-Under DDP every rank runs this function; only rank 0 writes the result record, config tree and summary.
+Called by `lra_bench.run.entry.run_stage`, which has validated the config and holds the run dir's lock. Resuming is
+the default: the run's output dir is derived from its overrides (same command → same dir), and `ckpt_path=last`
+continues from `<output_dir>/checkpoints/last.ckpt` when it exists (a corrupt one falls back to `last-prev.ckpt`,
+then the best checkpoint; see `lra_bench.run.checkpointing`, which also owns requeue handling). Under DDP every
+rank runs this function; only rank 0 writes the result record, config tree and summary.
 
-Before anything is written to a run dir that already holds a record, `lra_bench.run.start.start_run` settles the
-schedule, the run's identity (a folder of another experiment is refused), whether the run is already completed
-(then its record is left byte-identical) and whether the checkpoint fits. `train=false` tests one checkpoint
-instead (`lra_bench.run.evaluation`).
+Before anything is written to a run dir that already holds a record, `lra_bench.run.start` settles the schedule,
+the run's identity (a folder of another experiment is refused), whether the run is already completed (then its
+record is left byte-identical) and whether the checkpoint fits. The record is this stage's alone
+(`lra_bench.run.recorder`): the callbacks and helpers return or expose their numbers, and the helpers below put
+them into it.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import ModelCheckpoint, ModelSummary
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench import runtime
-from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import check_writable, validate
-from lra_bench.record import conformance, results
-from lra_bench.record.builder import new_record, now
+from lra_bench.record.builder import new_record
+from lra_bench.record.schema import RunRecord
 from lra_bench.run import checkpointing, pretrain
-from lra_bench.run.build import build_datamodule, build_model
+from lra_bench.run.build import build_datamodule
 from lra_bench.run.checkpoint_io import RunCheckpointIO
 from lra_bench.run.console import conformance_line, print_config, print_summary
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.latest import point_latest
-from lra_bench.run.lock import RunDirLock
 from lra_bench.run.loggers import build_loggers, finish_wandb
+from lra_bench.run.parts import build_module, majority_share, prepare_data, slurm_plugins, trainer_kwargs
+from lra_bench.run.pretrained import PretrainedSource
 from lra_bench.run.progress import progress_callbacks
-from lra_bench.run.schedule import check_steps_ran, warmup_warning
+from lra_bench.run.recorder import Recorder
+from lra_bench.run.schedule import check_schedule, check_steps_ran, warmup_warning
 from lra_bench.run.signals import StopSignals
-from lra_bench.run.start import start_run
-from lra_bench.run.test_outputs import TestOutputs, test_and_record
+from lra_bench.run.start import Start, identify, start_run
+from lra_bench.run.test_outputs import TestOutputs, run_test
 from lra_bench.run.user_callbacks import instantiate_callbacks
-from models.heads import LanguageModel
 
 CHECKPOINT_DIR = "checkpoints"
 EFFICIENCY_KEYS = (
@@ -59,88 +58,105 @@ EFFICIENCY_KEYS = (
 )
 
 
-def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    kwargs = plain_dict(cfg.trainer)
-    kwargs["gradient_clip_val"] = cfg.optim.grad_clip_val
-    kwargs["gradient_clip_algorithm"] = cfg.optim.grad_clip_algorithm
-    return kwargs
+@dataclass
+class Watched:
+    """The callbacks whose numbers the record takes after fit."""
+
+    best: ModelCheckpoint  # best-val weights: the checkpoint the test runs on
+    efficiency: EfficiencyMonitor
+    test_outputs: TestOutputs
 
 
-def slurm_plugins() -> list[Any]:
-    """Under SLURM exactly one component owns requeueing: submitit (or the user's sbatch), not Lightning.
-
-    Lightning would otherwise pick `SLURMEnvironment(auto_requeue=True)` by itself (a SIGUSR1 handler that
-    requeues, and a SIGTERM bypass) whenever the job runs under srun. Lightning's plain SIGTERM notifier stays:
-    it only stops training at the next step boundary.
-    """
-    if "SLURM_JOB_ID" not in os.environ:
-        return []
-    from pytorch_lightning.plugins.environments import SLURMEnvironment
-
-    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
-
-
-def check_launch(cfg: DictConfig) -> None:
-    """Refuse Lightning's `ddp` script launcher inside a Hydra multirun (outside SLURM/torchrun).
-
-    That launcher starts ranks 1.. by re-running the command line with `hydra.run.dir=<run dir>`: right for a
-    single run (the children land in the same dir), wrong in a multirun, where the command line is the whole
-    sweep and the job's dir is the sweep subdir. Under SLURM, srun starts the ranks, so it is fine there.
-    """
-    strategy = str(cfg.trainer.get("strategy", "auto"))
-    devices = cfg.trainer.get("devices", 1)
-    if not strategy.startswith("ddp") or "spawn" in strategy or "fork" in strategy or str(devices) in ("1", "[0]"):
-        return
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from pytorch_lightning.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return
-    if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
-        return
-    from lra_bench.config.validate import ConfigError
-
-    raise ConfigError(
-        f"trainer.strategy={strategy} with trainer.devices={devices} inside a Hydra multirun: Lightning's ddp "
-        "launcher would re-run the whole sweep for every rank. Use hydra/launcher=slurm (srun starts the ranks; "
-        "hydra.launcher.tasks_per_node=trainer.devices), run the job without -m, or trainer.strategy=ddp_spawn."
-    )
-
-
-def requeue_grace_s() -> float:
-    """How long after submitit's USR2 we may wait for a step boundary: half the launcher's signal_delay_s."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        delay = HydraConfig.get().launcher.get("signal_delay_s") if HydraConfig.initialized() else None
-    except Exception:  # not under Hydra, or a launcher without the key
-        delay = None
-    return max(5.0, 0.5 * float(delay)) if delay else 60.0
-
-
-def launch_token() -> str:
-    """The same string on every rank of one launch (srun tasks, or ddp children of one parent), new per launch."""
-    if "SLURM_JOB_ID" in os.environ:
-        return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
-    return f"pid-{os.getppid() if os.environ.get('LOCAL_RANK', '0') != '0' else os.getpid()}"
-
-
-def prepare_data(dm: Any, output_dir: Path, is_zero: bool, timeout_s: float = 6 * 3600) -> None:
-    """Rank 0 generates/caches the data; other ranks wait for its marker, then load the cache (no races)."""
-    marker = output_dir / ".data-ready"
-    token = launch_token()
+def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = None) -> dict[str, Any]:
+    """Run and return the result record (also written to `<output_dir>/results.json`). `source`: the pretraining
+    run a fine-tune starts from (`conformance.derive_run_keys`, which the entry calls)."""
+    is_zero = getattr(rank_zero_only, "rank", 0) == 0
+    recorder = Recorder(stage_record(cfg, output_dir, source), output_dir, is_zero)
+    recorder.write()
     if is_zero:
-        dm.prepare_data()
-        dm.setup()
-        marker.write_text(token + "\n")
-        return
-    deadline = time.monotonic() + timeout_s
-    while not (marker.exists() and marker.read_text().strip() == token):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank 0 did not prepare the data within {timeout_s:.0f}s ({marker})")
-        time.sleep(1.0)
-    dm.setup()
+        print_config(cfg, save_to=output_dir / "config_tree.log", terminal=bool(cfg.print_config))
+    requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
+    stop = StopSignals(output_dir / CHECKPOINT_DIR).install()  # SIGTERM/Ctrl-C: finish the step, save, exit 143/130
+    trainer: pl.Trainer | None = None
+    start: Start | None = None
+    try:
+        pl.seed_everything(int(cfg.seed), workers=True)
+        dm, module, start = prepare(cfg, output_dir, recorder, source)
+        if start.finished is not None:
+            if is_zero:
+                print_summary(start.finished)
+                print(f"[lra-bench] already completed: {recorder.path} left unchanged (retest=true tests again)")
+            return start.finished
+        resume = resume_checked(cfg, output_dir, recorder, start, module)
+        watched, callbacks, bar = assemble_callbacks(cfg, dm, output_dir, recorder, start, [requeue, stop])
+        trainer, checkpoint_io = build_trainer(cfg, output_dir, callbacks, bar, recorder.record)
+        stop.trainer = trainer
+        if resume.path is not None and resume.checkpoint is not None:
+            checkpoint_io.preload(resume.path, resume.checkpoint)  # Lightning restores from it: no second read
+            resume.checkpoint = None
+        trainer.fit(module, datamodule=dm, ckpt_path=resume.path, weights_only=True)
+        best = record_fit(cfg, trainer, module, watched, start, recorder.record)
+        record_test(cfg, trainer, module, dm, best, watched, recorder, output_dir)
+        recorder.record.status = "completed"
+    except BaseException as err:
+        replacement = record_stop(err, stop, trainer, start, recorder)
+        if replacement is None:
+            raise
+        raise replacement from err
+    finally:
+        stop.restore()
+        recorder.finish()
+        finish_wandb()
+        if is_zero and recorder.owned and stop.received is None:  # a stopped run draws them when it completes
+            draw_curves(output_dir, recorder.as_dict())
+        if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
+            requeue.hand_over()
+    if is_zero:
+        print_summary(recorder.as_dict())
+    return recorder.as_dict()
+
+
+def stage_record(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None) -> RunRecord:
+    """The run's record at start: `new_record` plus the stage it is and the pretraining it starts from."""
+    record = new_record(cfg, output_dir)
+    record.stage, record.pretraining = str(cfg.stage), str(cfg.pretraining)
+    record.pretrained = source.describe() if source else None
+    return record
+
+
+def prepare(
+    cfg: DictConfig, output_dir: Path, recorder: Recorder, source: PretrainedSource | None
+) -> tuple[Any, pl.LightningModule, Start]:
+    """The data (rank 0 prepares it first), the module, and the start checks; the record takes what they find."""
+    record, pretraining_stage = recorder.record, cfg.stage == "pretrain"
+    dm = build_datamodule(cfg)
+    prepare_data(dm, output_dir, recorder.is_zero)
+    record.data.update(dm.data_info())
+    record.data.update({"majority_share": majority_share(dm) if recorder.is_zero and not pretraining_stage else None})
+    if pretraining_stage:
+        record.pretrain = pretrain.stage_info(cfg, dm)
+    module = build_module(cfg, dm, source, record.pretrain)
+    check_schedule(cfg, dm)
+    found = identify(record, dm)
+    record.set_identity(found)
+    return dm, module, start_run(cfg, output_dir, record, found, recorder.is_zero)
+
+
+def resume_checked(
+    cfg: DictConfig, output_dir: Path, recorder: Recorder, start: Start, module: pl.LightningModule
+) -> checkpointing.Resume:
+    """The checkpoint to continue from, checked to fit; then the run owns its folder's record and says so."""
+    record = recorder.record
+    resume = resume_from(cfg, output_dir)
+    record.run.resumed_from = start.use_checkpoint(resume, module, record.code)
+    record.run.resumed_from_step = resume.step
+    recorder.own()  # identity and protocol conformance are known now: readable while the run trains
+    if recorder.is_zero:
+        point_latest(cfg, output_dir)
+        print(conformance_line(recorder.as_dict()))
+        if warning := warmup_warning(cfg):
+            print(warning, file=sys.stderr, flush=True)
+    return resume
 
 
 def resume_from(cfg: DictConfig, output_dir: Path) -> checkpointing.Resume:
@@ -155,95 +171,15 @@ def resume_from(cfg: DictConfig, output_dir: Path) -> checkpointing.Resume:
     return checkpointing.Resume.of(path, checkpointing.load_usable(path, shown=cfg.ckpt_path))
 
 
-def checkpoint_step(path: str | None) -> int | None:
-    if not path:
-        return None
-    return int(checkpointing.load_checkpoint(path).get("global_step", 0))
-
-
-def majority_share(dm: Any) -> float | None:
-    split = dm.splits.get("val")
-    if split is None or len(split) == 0:
-        return None
-    _, counts = np.unique(np.asarray(split.table["label"]), return_counts=True)
-    return float(counts.max() / counts.sum())
-
-
-def metric(trainer: pl.Trainer, key: str) -> float | None:
-    value = trainer.callback_metrics.get(key)
-    return None if value is None else float(value)
-
-
-def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Run and return the result record (also written to `<output_dir>/results.json`)."""
-    if cfg.get("stage") == "spt":  # self-pretraining then fine-tuning: two runs of this function (lra_bench.spt)
-        from lra_bench.spt import run_spt
-
-        return run_spt(cfg, output_dir)
-    validate(cfg)
-    runtime.set_threads(cfg.get("threads"))  # before the record: `env.runtime` says what the run used
-    source = conformance.derive_run_keys(cfg)  # stage keys checked, `pretraining` derived (as the protocol check does)
-    pretraining_stage = cfg.stage == "pretrain"
-    check_launch(cfg)
-    check_writable(output_dir)
-    is_zero = getattr(rank_zero_only, "rank", 0) == 0
-    lock = RunDirLock(output_dir).acquire() if is_zero else None  # before the record: never clobber a live run's
-    if not cfg.train:  # test one checkpoint (lra_bench.run.evaluation)
-        from lra_bench.run.evaluation import evaluate
-
-        try:
-            return evaluate(cfg, output_dir)
-        finally:
-            if lock is not None:
-                lock.release()
-
-    def write_record() -> None:
-        if is_zero and owned:
-            results.write_atomic(record_path, record)
-
-    record = new_record(cfg, output_dir)
-    record.update(
-        stage=str(cfg.stage),
-        pretraining=str(cfg.pretraining),
-        pretrained=source.describe() if source else None,
-    )
-    record_path = output_dir / results.FILENAME
-    owned = not record_path.exists()  # a folder's existing record is replaced only once start_run accepted the run
-    write_record()
-    if is_zero:
-        print_config(cfg, save_to=output_dir / "config_tree.log", terminal=bool(cfg.print_config))
-
-    requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
-    stop = StopSignals(output_dir / CHECKPOINT_DIR).install()  # SIGTERM/Ctrl-C: finish the step, save, exit 143/130
-    trainer: pl.Trainer | None = None
-    start = None
-    try:
-        pl.seed_everything(int(cfg.seed), workers=True)
-        dm = build_datamodule(cfg)
-        prepare_data(dm, output_dir, is_zero)
-        record["data"].update(dm.data_info())
-        record["data"]["majority_share"] = majority_share(dm) if is_zero and not pretraining_stage else None
-        if pretraining_stage:
-            record["pretrain"] = pretrain.stage_info(cfg, dm)
-        module = _build_module(cfg, dm, source, record.get("pretrain"))
-        start = start_run(cfg, dm, output_dir, record, is_zero)
-        if start.finished is not None:
-            if is_zero:
-                print_summary(start.finished)
-                print(f"[lra-bench] already completed: {record_path} left unchanged (retest=true tests again)")
-            return start.finished
-        resume = resume_from(cfg, output_dir)
-        start.use_checkpoint(resume, module, record)
-        owned = True
-        record["run"]["resumed_from_step"] = resume.step
-        write_record()  # identity and protocol conformance are known now: readable while the run trains
-        if is_zero:
-            point_latest(cfg, output_dir)
-            print(conformance_line(record))
-            if warning := warmup_warning(cfg):
-                print(warning, file=sys.stderr, flush=True)
+def assemble_callbacks(
+    cfg: DictConfig, dm: Any, output_dir: Path, recorder: Recorder, start: Start, stops: list[pl.Callback]
+) -> tuple[Watched, list[pl.Callback], bool]:
+    """The harness's callbacks in the order their guarantees need, then the progress display and the user's own;
+    `stops`: the requeue and signal handlers (they come after `last`: their hand-over follows the final save)."""
+    assert start.stamp is not None  # a run that trains has its identity stamp (only a finished one has none)
+    watched = Watched(
         # best-val weights, written after validations only (test runs on them); last.ckpt is LastCheckpoint's
-        checkpoint = ModelCheckpoint(
+        best=ModelCheckpoint(
             dirpath=str(output_dir / CHECKPOINT_DIR),
             filename="best-{step}",
             monitor="val/acc",
@@ -251,110 +187,137 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             save_top_k=1,
             save_last=False,
             auto_insert_metric_name=False,
-        )
-        last = checkpointing.LastCheckpoint(output_dir / CHECKPOINT_DIR, cfg.callbacks.checkpoint_every_n_steps)
-        efficiency = EfficiencyMonitor(warmup_steps=int(cfg.callbacks.stats_warmup_steps))
-        test_outputs = TestOutputs()
-        callbacks: list[pl.Callback] = [
-            checkpointing.FiniteGuard(),  # before the checkpoint callbacks (Lightning runs those last)
-            checkpointing.RNGState(),
-            checkpoint,
-            last,
-            requeue,  # after `last`: its on_train_end hand-over comes after the final save
-            stop,
-            efficiency,
-            start.stamp,  # type: ignore[list-item]
-            test_outputs,
-            *_extra_callbacks(cfg, dm, record),
-        ]
-        progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
-        callbacks += [*progress, *model_summary(cfg), *instantiate_callbacks(cfg)]
-        checkpoint_io = RunCheckpointIO()  # atomic writes in the checkpoint's folder; the resume's one load
-        loggers, wandb_id = build_loggers(
-            cfg, output_dir, run_name=f"{cfg.task.name}-{cfg.attn.name}-{output_dir.name}"
-        )
-        record["run"]["wandb_id"] = wandb_id
-        trainer = pl.Trainer(
-            **trainer_kwargs(cfg),
-            callbacks=callbacks,
-            logger=loggers or False,
-            default_root_dir=str(output_dir),
-            max_epochs=-1,
-            check_val_every_n_epoch=None,
-            enable_progress_bar=bar,
-            plugins=[*slurm_plugins(), checkpoint_io],
-        )
-        stop.trainer = trainer
-        if resume.path is not None and resume.checkpoint is not None:
-            checkpoint_io.preload(resume.path, resume.checkpoint)  # Lightning restores from it: no second read
-            resume.checkpoint = None
-        if cfg.train:
-            trainer.fit(module, datamodule=dm, ckpt_path=resume.path, weights_only=True)
-        record["run"]["segments"] = start.stamp.segments  # type: ignore[union-attr]
-        check_steps_ran(int(trainer.global_step), int(cfg.trainer.max_steps))
-        record["metrics"].update(efficiency.summary(module))
-        record["metrics"]["train_steps"] = int(trainer.global_step)
-        best = checkpoint.best_model_path or None
-        if not best:  # start_run made sure validations run: a missing best-val checkpoint is a failure
-            raise RuntimeError("no best-val checkpoint was written, so there is nothing to test")
-        record["metrics"]["best_step"] = checkpoint_step(best)
-        record["metrics"]["val_acc"] = (
-            float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None
-        )
-        if start.previous is not None:  # retest: nothing trained, so the training numbers stay as recorded
-            record["metrics"].update({k: start.previous["metrics"].get(k) for k in EFFICIENCY_KEYS})
-            record["run"]["segments"] = start.previous["run"].get("segments") or record["run"]["segments"]
-        if isinstance(module, pretrain.PretrainModule):  # no task head and no test: the record holds the curve
-            pretrain.finish_record(record, module)
-        elif cfg.test:
-            test_and_record(trainer, module, dm, best, test_outputs, record, output_dir)
-        record["status"] = "completed"
-    except BaseException as err:
-        signalled = stop.received is not None or (trainer is not None and trainer.received_sigterm)
-        if not isinstance(err, (KeyboardInterrupt, SystemExit)) and not signalled:
-            record["status"], record["error"] = "failed", f"{type(err).__name__}: {err}"
-            raise
-        # stopped by a signal (SIGTERMException at a step boundary, Ctrl-C, submitit's requeue): an error while
-        # shutting down (W&B's service gets the SIGTERM too) is part of the stop, and must not end the job as a
-        # normal failure: a submitit job that returns leaves a result that the sweep would take as final
-        record["status"] = "interrupted"
-        if start is not None and start.stamp is not None:  # the attempts so far, up to the saved step
-            record["run"]["segments"] = start.stamp.segments
-        record["error"] = stop.describe(trainer.global_step if trainer is not None else None)
-        if stop.received is not None:  # exit 143 (SIGTERM) or 130 (Ctrl-C), the shell's convention
-            raise SystemExit(stop.exit_status()) from err
-        if not isinstance(err, (KeyboardInterrupt, SystemExit)):
-            raise SystemExit(f"stopped by a signal ({type(err).__name__}: {err})") from err
-        raise
-    finally:
-        stop.restore()
-        record["run"]["finished_at"] = now()
-        write_record()
-        finish_wandb()
-        if is_zero and owned and stop.received is None:  # a stopped run draws them when it completes
-            draw_curves(output_dir, record)
-        if lock is not None:
-            lock.release()
-        if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
-            requeue.hand_over()
-    if is_zero:
-        print_summary(record)
-    return record
+        ),
+        efficiency=EfficiencyMonitor(warmup_steps=int(cfg.callbacks.stats_warmup_steps)),
+        test_outputs=TestOutputs(),
+    )
+    last = checkpointing.LastCheckpoint(output_dir / CHECKPOINT_DIR, cfg.callbacks.checkpoint_every_n_steps)
+    callbacks: list[pl.Callback] = [
+        checkpointing.FiniteGuard(),  # before the checkpoint callbacks (Lightning runs those last)
+        checkpointing.RNGState(),
+        watched.best,
+        last,
+        *stops,
+        watched.efficiency,
+        start.stamp,
+        watched.test_outputs,
+        *_extra_callbacks(cfg, dm, recorder),
+    ]
+    progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
+    return watched, [*callbacks, *progress, *model_summary(cfg), *instantiate_callbacks(cfg)], bar
+
+
+def build_trainer(
+    cfg: DictConfig, output_dir: Path, callbacks: list[pl.Callback], bar: bool, record: RunRecord
+) -> tuple[pl.Trainer, RunCheckpointIO]:
+    """The Trainer with its loggers (the W&B run's id goes into the record) and the checkpoint I/O plugin."""
+    checkpoint_io = RunCheckpointIO()  # atomic writes in the checkpoint's folder; the resume's one load
+    loggers, wandb_id = build_loggers(cfg, output_dir, run_name=f"{cfg.task.name}-{cfg.attn.name}-{output_dir.name}")
+    record.run.wandb_id = wandb_id
+    trainer = pl.Trainer(
+        **trainer_kwargs(cfg),
+        callbacks=callbacks,
+        logger=loggers or False,
+        default_root_dir=str(output_dir),
+        max_epochs=-1,
+        check_val_every_n_epoch=None,
+        enable_progress_bar=bar,
+        plugins=[*slurm_plugins(), checkpoint_io],
+    )
+    return trainer, checkpoint_io
+
+
+def record_fit(
+    cfg: DictConfig, trainer: pl.Trainer, module: pl.LightningModule, watched: Watched, start: Start, record: RunRecord
+) -> str:
+    """The training numbers into the record; returns the best-val checkpoint, the one to test."""
+    assert start.stamp is not None
+    record.run.segments = start.stamp.segments
+    check_steps_ran(int(trainer.global_step), int(cfg.trainer.max_steps))
+    record.metrics.update(watched.efficiency.summary(module))
+    record.metrics.train_steps = int(trainer.global_step)
+    best = watched.best.best_model_path or None
+    if not best:  # start_run made sure validations run: a missing best-val checkpoint is a failure
+        raise RuntimeError("no best-val checkpoint was written, so there is nothing to test")
+    record.metrics.best_step = checkpoint_step(best)
+    score = watched.best.best_model_score
+    record.metrics.val_acc = float(score) if score is not None else None
+    if start.previous is not None:  # retest: nothing trained, so the training numbers stay as recorded
+        record.metrics.update({k: start.previous["metrics"].get(k) for k in EFFICIENCY_KEYS})
+        record.run.segments = start.previous["run"].get("segments") or record.run.segments
+    return best
+
+
+def record_test(
+    cfg: DictConfig,
+    trainer: pl.Trainer,
+    module: pl.LightningModule,
+    dm: Any,
+    best: str,
+    watched: Watched,
+    recorder: Recorder,
+    output_dir: Path,
+) -> None:
+    """Test the best-val checkpoint into the record; a pretraining stage has no task head and no test: its record
+    holds the curve (`pretrain.final_section`) and no classification accuracy."""
+    record = recorder.record
+    if isinstance(module, pretrain.PretrainModule):
+        assert record.pretrain is not None  # stage_info, set when the stage started
+        record.pretrain = pretrain.final_section(record.pretrain, record.metrics.val_acc, module)
+        record.metrics.val_acc = record.metrics.test_acc = None
+    elif cfg.test:
+        recorder.add_test(run_test(trainer, module, dm, best, watched.test_outputs, output_dir))
+
+
+def record_stop(
+    err: BaseException, stop: StopSignals, trainer: pl.Trainer | None, start: Start | None, recorder: Recorder
+) -> BaseException | None:
+    """Record how the run ended on `err`; return the exception to raise instead (None: `err` itself).
+
+    Stopped by a signal (SIGTERMException at a step boundary, Ctrl-C, submitit's requeue): an error while shutting
+    down (W&B's service gets the SIGTERM too) is part of the stop, and must not end the job as a normal failure: a
+    submitit job that returns leaves a result that the sweep would take as final."""
+    record = recorder.record
+    interrupt = isinstance(err, (KeyboardInterrupt, SystemExit))
+    signalled = stop.received is not None or (trainer is not None and trainer.received_sigterm)
+    if not interrupt and not signalled:
+        recorder.fail(err)
+        return None
+    record.status = "interrupted"
+    if start is not None and start.stamp is not None:  # the attempts so far, up to the saved step
+        record.run.segments = start.stamp.segments
+    record.error = stop.describe(trainer.global_step if trainer is not None else None)
+    if stop.received is not None:  # exit 143 (SIGTERM) or 130 (Ctrl-C), the shell's convention
+        return SystemExit(stop.exit_status())
+    if not interrupt:
+        return SystemExit(f"stopped by a signal ({type(err).__name__}: {err})")
+    return None
+
+
+def requeue_grace_s() -> float:
+    """How long after submitit's USR2 we may wait for a step boundary: half the launcher's signal_delay_s."""
+    try:
+        delay = HydraConfig.get().launcher.get("signal_delay_s") if HydraConfig.initialized() else None
+    except Exception:  # not under Hydra, or a launcher without the key
+        delay = None
+    return max(5.0, 0.5 * float(delay)) if delay else 60.0
+
+
+def checkpoint_step(path: str | None) -> int | None:
+    if not path:
+        return None
+    return int(checkpointing.load_checkpoint(path).get("global_step", 0))
 
 
 def model_summary(cfg: DictConfig) -> list[pl.Callback]:
     """Lightning's plain layer table, which it logs (so it lands in run.log only: `lra_bench.run.quiet`); with rich
     installed Lightning would pick its rich table, printed straight to the terminal."""
-    if not cfg.trainer.get("enable_model_summary", True):
-        return []
-    from pytorch_lightning.callbacks import ModelSummary
-
-    return [ModelSummary()]
+    return [ModelSummary()] if cfg.trainer.get("enable_model_summary", True) else []
 
 
 def draw_curves(output_dir: Path, record: dict[str, Any]) -> None:
     """`curves.png` beside the record; a failure to draw is one line, never the run's failure."""
-    from lra_bench.run.curves import write_curves
+    from lra_bench.run.curves import write_curves  # matplotlib and pandas: only when a run ends
 
     try:
         write_curves(output_dir, record)
@@ -362,30 +325,15 @@ def draw_curves(output_dir: Path, record: dict[str, Any]) -> None:
         print(f"[lra-bench] curves.png not drawn: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
-def _build_module(cfg: DictConfig, dm: Any, source: Any = None, pretrain_info: Any = None) -> pl.LightningModule:
-    from lra_bench.run.module import LRAModule
-
-    model = build_model(cfg, dm)
-    if pretrain_info is not None:  # stage=pretrain: the LM objective (lra_bench.run.pretrain)
-        if not isinstance(model, LanguageModel):
-            raise TypeError(f"stage=pretrain built a {type(model).__name__}, not a LanguageModel")
-        return pretrain.build_pretrain_module(cfg, dm, model, {k: v for k, v in pretrain_info.items() if k != "curve"})
-    if isinstance(model, LanguageModel):
-        raise TypeError("a LanguageModel outside stage=pretrain")
-    if source is not None:  # pretrained=: the pretrained encoder, a fresh head (lra_bench.run.pretrained)
-        from lra_bench.run.pretrained import load_encoder
-
-        load_encoder(model, source)
-    return LRAModule(model, dm.num_classes, plain_dict(cfg.optim), int(cfg.trainer.max_steps))
-
-
-def _extra_callbacks(cfg: DictConfig, dm: Any, record: dict[str, Any]) -> list[pl.Callback]:
-    """Callbacks contributed by other parts of the harness (diagnostics, …), each optional."""
-    out: list[pl.Callback] = []
-    if cfg.diagnostics.enabled and cfg.stage != "pretrain":  # diagnostics compare with bidirectional softmax
-        try:
-            from lra_bench.diagnostics.callback import DiagnosticsCallback
-        except ImportError:
-            return out
-        out.append(DiagnosticsCallback(cfg.diagnostics, dm, record))
-    return out
+def _extra_callbacks(cfg: DictConfig, dm: Any, recorder: Recorder) -> list[pl.Callback]:
+    """Callbacks contributed by other parts of the harness (diagnostics, …), each optional; the record reads what
+    they expose (the diagnostics' `latest`/`best`), and they ask it to write (`on_update`)."""
+    if not cfg.diagnostics.enabled or cfg.stage == "pretrain":  # diagnostics compare with bidirectional softmax
+        return []
+    try:
+        from lra_bench.diagnostics.callback import DiagnosticsCallback
+    except ImportError:
+        return []
+    diagnostics = DiagnosticsCallback(cfg.diagnostics, dm, on_update=recorder.write)
+    recorder.diagnostics = diagnostics
+    return [diagnostics]

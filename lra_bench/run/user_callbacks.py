@@ -15,7 +15,8 @@ import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from lra_bench.config.validate import ConfigError, callback_nodes
+from lra_bench.config.validate import callback_nodes
+from lra_bench.errors import ConfigError
 
 
 def instantiate_callbacks(cfg: DictConfig) -> list[pl.Callback]:

@@ -1,6 +1,7 @@
 """`stage=spt` (`python run.py experiment=spt/<task>`): self-pretrain, then fine-tune, in one command.
 
-Two ordinary runs of `lra_bench.run.train.train`, each with its own dir, checkpoints and record:
+Two ordinary stages (`lra_bench.run.entry.run_stage` runs the plan `stages` returns), each with its own dir,
+lock, checkpoints and record:
 
     <run dir>/pretrain/   stage=pretrain on the task's training inputs      (this config ⊕ `spt.pretrain`)
     <run dir>/finetune/   stage=supervised, pretrained=<run dir>/pretrain   (this config)
@@ -25,9 +26,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import ConfigError, validate
+from lra_bench.config.validate import validate
+from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
+from lra_bench.run.pretrain import check_pretrain_keys, resolve_stage
 
 PRETRAIN_DIR, FINETUNE_DIR = "pretrain", "finetune"
 
@@ -58,8 +61,6 @@ def _identity(config: dict[str, Any]) -> dict[str, Any]:
 def completed(path: Path, cfg: DictConfig) -> bool:
     """Whether `path` holds a completed run of exactly `cfg` (validated and resolved as `train` would record it);
     a completed run of another configuration is a ConfigError naming the keys that differ."""
-    from lra_bench.run.pretrain import resolve_stage
-
     file = path / results.FILENAME
     if not file.exists():
         return False
@@ -82,11 +83,9 @@ def completed(path: Path, cfg: DictConfig) -> bool:
     )
 
 
-def run_spt(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Pretrain (unless already done), then fine-tune from it; return the fine-tune's record."""
-    from lra_bench.run.pretrain import check_pretrain_keys
-    from lra_bench.run.train import train
-
+def stages(cfg: DictConfig, output_dir: Path) -> list[tuple[DictConfig, Path]]:
+    """The stages still to run, in order, as (config, dir): the pretraining stage unless already completed, then the
+    fine-tune from it. A plan, not a runner: the entry runs each stage, so this module needs nothing of it."""
     validate(cfg)  # fail before either stage starts (a typo, objective=causal with attn=nystrom, …)
     check_pretrain_keys(cfg)
     if cfg.get("pretrained"):
@@ -99,9 +98,10 @@ def run_spt(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     (Path(output_dir) / results.FILENAME).unlink(missing_ok=True)
     pre_dir, fine_dir = Path(output_dir) / PRETRAIN_DIR, Path(output_dir) / FINETUNE_DIR
     pre_cfg = stage_config(cfg, cfg.spt.get("pretrain"), stage="pretrain", pretrained=None, pretraining=None)
+    plan = []
     if completed(pre_dir, pre_cfg):
         print(f"[lra-bench] spt: pretraining stage already completed in {pre_dir}; fine-tuning from it")
     else:
-        train(pre_cfg, pre_dir)
+        plan.append((pre_cfg, pre_dir))
     fine_cfg = stage_config(cfg, None, stage="supervised", pretrained=str(pre_dir), pretraining=None)
-    return train(fine_cfg, fine_dir)
+    return [*plan, (fine_cfg, fine_dir)]

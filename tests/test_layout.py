@@ -1,0 +1,114 @@
+"""The package layout: no import cycles in the project's code, counting function-level imports too.
+
+Why function-level imports count: a cycle hidden inside a function still means two modules that each need the
+other (neither can be read, tested or moved alone), and the import order then decides at run time whether it works.
+Imports under `if TYPE_CHECKING:` count as well: they are only for annotations, but a cycle through them is the
+same design knot. The graph is read from the source with `ast` (nothing is imported), so the test is fast.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("lra_bench", "models", "tasks", "hydra_plugins")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules(root: Path, packages: Iterable[str]) -> dict[str, Path]:
+    """Every module of the project's packages, by dotted name."""
+    out: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            out[module_name(path, root)] = path
+    return out
+
+
+def imported(node: ast.Import | ast.ImportFrom, here: str, is_package: bool, modules: set[str]) -> list[str]:
+    """The project modules one import statement depends on: `from a import b` depends on module `a.b` when there is
+    one (not on package `a`'s facade), else on `a`, which defines `b`."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the importing module's package
+        package = here.split(".") if is_package else here.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join([*package, base] if base else package)
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+
+
+def import_graph(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> dict[str, set[str]]:
+    """module → the project modules it imports anywhere in its body (module level and inside functions)."""
+    modules = project_modules(root, packages)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in imported(node, name, path.name == "__init__.py", set(modules)):
+                if target in modules and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every import cycle lies in
+    exactly one of them."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in graph[node]:
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph())
+    assert found == [], "import cycles (each a set of modules that import each other):\n" + "\n".join(
+        " ↔ ".join(c) for c in found
+    )
+
+
+def test_cycle_finder_sees_a_planted_function_level_cycle(tmp_path: Path) -> None:
+    """The check itself: a cycle made only of a function-level import is found."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.a import x\n")
+    (pkg / "c.py").write_text("from . import a\n")
+    assert cycles(import_graph(tmp_path, ["pkg"])) == [["pkg.a", "pkg.b"]]
