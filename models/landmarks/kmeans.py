@@ -32,7 +32,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, Protocol, overload
 
 import torch
 
@@ -41,9 +41,6 @@ from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks, cluster_means, gather_tokens
 from models.landmarks.segment_means import segment_assignment
 from models.landmarks.uniform import SeededSelector, weighted_sample
-
-if TYPE_CHECKING:  # the gpa selector builds on this module
-    from models.landmarks.gpa import GPAConfig
 
 INITS = ("kmeans++", "segment_means", "random")
 EMPTY = ("farthest", "keep")
@@ -310,7 +307,18 @@ def seeding_flops(n: int, m: int, d: int, init: str, restarts: int) -> float:
     return max(1, int(restarts)) * m * (2 + int(math.log(max(m, 1)))) * 2.0 * n * d
 
 
-def kmeans_settings(cfg: KMeansConfig | GPAConfig) -> KMeansSettings:
+class HasKMeansKnobs(Protocol):
+    """A selector config that carries the k-means knobs (`kmeans`, and `gpa`, which builds on this module and so
+    is not imported here)."""
+
+    max_iterations: int
+    tol: float
+    restarts: int
+    init: str
+    empty: str
+
+
+def kmeans_settings(cfg: HasKMeansKnobs) -> KMeansSettings:
     """The validated k-means knobs of a `kmeans` or `gpa` selector config."""
     return KMeansSettings(int(cfg.max_iterations), float(cfg.tol), int(cfg.restarts), cfg.init, cfg.empty)
 
