@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.attention.nystrom import NystromAttention, NystromConfig
-from models.landmarks.base import LandmarkSelector, resolve_num_landmarks
+from models.landmarks.base import resolve_num_landmarks
 
 
 @dataclass
@@ -42,11 +42,8 @@ class GPAAttention(NystromAttention):
     config = GPAConfig
     default_selector = "gpa"
 
-    def __init__(
-        self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, cfg: GPAConfig | None = None
-    ) -> None:
-        cfg = cfg or GPAConfig()
-        super().__init__(head_dim, num_heads, seq_len, selector, cfg)
+    def configure(self, cfg: NystromConfig) -> None:  # a GPAConfig (derived from NystromConfig)
+        super().configure(cfg)
         bind = getattr(self.selector, "bind", None)
         if callable(bind):  # a progressive codebook: fixed size for the configured length, allocated now
             bind(self.num_heads, self.head_dim, resolve_num_landmarks(cfg.num_landmarks, self.seq_len))

@@ -2,14 +2,15 @@
 
 Nyström, GPA, spectral, pivoted and WildCat each take a selector and `num_landmarks` (an int or `"log2"`) and
 report the rank they really used for the diagnostics (`last_rank [B, H]`: valid landmarks, kept pivots, …).
-Subclasses take their config dataclass (`cfg`, each with its own `num_landmarks` default) and pass the shared
-geometry (`head_dim`, `num_heads`, `seq_len`, `selector`) and `cfg.num_landmarks` through to this class.
+The constructor is written once, here: it takes the shared geometry (`head_dim`, `num_heads`, `seq_len`), the
+`selector` and the variant's config dataclass (`cfg`, its class's `config()` when left out: each has its own
+`num_landmarks` default), and hands `cfg` to the variant's `configure`, where the variant reads its own knobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -26,12 +27,20 @@ class LandmarkAttention(Attention):
     _operator: Callable[..., torch.Tensor]
 
     def __init__(
-        self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, num_landmarks: int | str
+        self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, cfg: Any = None
     ) -> None:
         super().__init__(head_dim, num_heads, seq_len)
+        if cfg is None:
+            assert self.config is not None, f"{type(self).__name__} declares no config dataclass"
+            cfg = self.config()
         self.selector = selector
-        self.num_landmarks = num_landmarks
+        self.num_landmarks: int | str = cfg.num_landmarks
         self.last_rank: torch.Tensor | None = None
+        self.configure(cfg)
+
+    def configure(self, cfg: Any) -> None:
+        """Read the variant's own knobs from its config dataclass (after the selector and `num_landmarks` are set,
+        so a variant may look at both); nothing to read by default."""
 
     def rank_budget(self, seq_len: int) -> int:
         return resolve_num_landmarks(self.num_landmarks, seq_len)

@@ -31,7 +31,7 @@ from models.attention.numerics import (
 )
 from models.cost import Flops, Params, conv_flops, pinv_flops
 from models.knobs import knobs
-from models.landmarks.base import Landmarks, LandmarkSelector
+from models.landmarks.base import Landmarks
 
 PINVS = ("iterative", "stable", "exact")
 
@@ -64,16 +64,7 @@ class NystromAttention(LandmarkAttention):
     config: ClassVar[type | None] = NystromConfig  # (GPA's subclass has its own)
     default_selector = "segment_means"
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        cfg: NystromConfig | None = None,
-    ) -> None:
-        cfg = cfg or NystromConfig()
-        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
+    def configure(self, cfg: NystromConfig) -> None:
         if cfg.pinv not in PINVS:
             raise ValueError(f"attn.pinv={cfg.pinv!r}: expected one of {', '.join(PINVS)}")
         self.pinv = cfg.pinv

@@ -40,7 +40,7 @@ from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, masked_softmax
 from models.cost import Flops, Params
 from models.knobs import follows_run_seed, knobs
-from models.landmarks.base import LandmarkSelector, gather_tokens
+from models.landmarks.base import gather_tokens
 from models.landmarks.pivoted_qr import sketch_size
 from models.landmarks.uniform import UniformConfig, UniformSelector
 
@@ -99,16 +99,7 @@ class PivotedAttention(LandmarkAttention):
     needs_token_landmarks = True
     memory_width = 4.0  # sketch rows ℓ = 2m, the residual copy, the columns
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        cfg: PivotedConfig | None = None,
-    ) -> None:
-        cfg = cfg or PivotedConfig()
-        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
+    def configure(self, cfg: PivotedConfig) -> None:
         if cfg.columns not in COLUMNS:
             raise ValueError(f"attn.columns={cfg.columns!r}: expected one of {', '.join(COLUMNS)}")
         self.ridge, self.sketch_rows = float(cfg.ridge), int(cfg.sketch_rows)

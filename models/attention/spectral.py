@@ -59,7 +59,7 @@ from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core
 from models.cost import Flops, Params
 from models.knobs import knobs
-from models.landmarks.base import Landmarks, LandmarkSelector, resolve_num_landmarks
+from models.landmarks.base import Landmarks, resolve_num_landmarks
 from models.landmarks.hash import HashSelector
 
 AFFINITIES = ("tanh", "gaussian")
@@ -166,16 +166,7 @@ class SpectralAttention(LandmarkAttention):
     config = SpectralConfig
     default_selector = "uniform"
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        cfg: SpectralConfig | None = None,
-    ) -> None:
-        cfg = cfg or SpectralConfig()
-        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
+    def configure(self, cfg: SpectralConfig) -> None:
         checks = (
             ("sample_rule", cfg.sample_rule, ("given", "formula")),
             ("affinity", cfg.affinity, AFFINITIES),

@@ -47,7 +47,7 @@ import torch
 from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, stable_pinv
 from models.cost import Flops, Params, pinv_flops
-from models.landmarks.base import LandmarkSelector, broadcast_mask, gather_tokens
+from models.landmarks.base import broadcast_mask, gather_tokens
 from models.landmarks.rpcholesky import RPCholeskyConfig, RPCholeskySelector, check_tau, key_features
 from models.landmarks.segment_means import segment_assignment
 
@@ -74,16 +74,8 @@ class WildcatAttention(LandmarkAttention):
     needs_token_landmarks = True
     memory_width = 2.0  # G_SK, X, the left factor, the pivoting factor F
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        seq_len: int,
-        selector: LandmarkSelector,
-        cfg: WildcatConfig | None = None,
-    ) -> None:
-        cfg = cfg or WildcatConfig()
-        super().__init__(head_dim, num_heads, seq_len, selector, cfg.num_landmarks)
+    def configure(self, cfg: WildcatConfig) -> None:
+        selector = self.selector
         self.tau = check_tau(cfg.tau, "attn.tau")
         self.center_keys, self.clamp_output = bool(cfg.center_keys), bool(cfg.clamp_output)
         self.num_bins = int(cfg.num_bins)
