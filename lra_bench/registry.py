@@ -26,9 +26,11 @@ import inspect
 import os
 import pkgutil
 import sys
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+from models.knobs import knob_values, knobs
 
 if TYPE_CHECKING:  # the bases are imported lazily at run time: building the CLI must not import torch
     from models.attention.base import Attention
@@ -119,8 +121,7 @@ class Registry(Generic[Component]):
 
     def params(self, name: str, node: dict[str, Any]) -> dict[str, Any]:
         """The knobs in a config node: the schema's fields, minus `name`."""
-        keys = {f.name for f in fields(self.config(name))} - {"name"}
-        return {k: v for k, v in node.items() if k in keys}
+        return knob_values(self.config(name), node)
 
     def __contains__(self, name: object) -> bool:
         return name in self._discover()
@@ -164,7 +165,7 @@ AXES: dict[str, Registry[Any]] = {"attn": ATTENTIONS, "selector": SELECTORS, "ta
 def build_selector(name: str, /, **kwargs: Any) -> LandmarkSelector:
     """A selector from its config node's keys (keys that are not its knobs are ignored: `name`, …): its config
     dataclass filled from them, the rest at their defaults."""
-    return SELECTORS.get(name)(SELECTORS.config(name)(**SELECTORS.params(name, kwargs)))
+    return SELECTORS.get(name)(knobs(SELECTORS.config(name), kwargs))
 
 
 def build_attention(

@@ -18,11 +18,17 @@ Config = TypeVar("Config")
 FOLLOWS = "follows"
 
 
+def knob_values(schema: type, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `params` that are knobs of `schema` (its fields other than `name`), in `params`' order: what
+    a config node or a cost model's arguments hold beside the knobs is left out."""
+    names = {f.name for f in fields(schema)} - {"name"}  # `schema` is a dataclass by contract
+    return {k: v for k, v in params.items() if k in names}
+
+
 def knobs(schema: type[Config], params: Mapping[str, Any]) -> Config:
     """An instance of `schema` from config values by name: a missing knob takes its dataclass default, and keys
-    that are not fields (what a cost model is handed beside the knobs) are ignored."""
-    names = {f.name for f in fields(schema)}  # type: ignore[arg-type]  # `schema` is a dataclass by contract
-    return schema(**{k: v for k, v in params.items() if k in names})
+    that are not knobs are ignored."""
+    return schema(**knob_values(schema, params))
 
 
 def follows_run_seed() -> Any:
