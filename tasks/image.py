@@ -48,18 +48,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from tasks import cache, tfds_order
-from tasks.base import SPLITS, LRADataModule
+from tasks import tfds_order
+from tasks.hub_task import HubOrArchiveTask
 from tasks.layout import DataSourceError, candidates, find_release_path
 from tasks.sources import (
     MissingSourceError,
-    hf_hint,
     is_disk_dataset,
     load_disk_dataset,
     load_hub_dataset,
     path_stamp,
     plain,
-    source_error,
 )
 
 PICKLE_DIR = "cifar-10-batches-py"
@@ -220,9 +218,11 @@ def check_tfds_keys(images: np.ndarray, labels: np.ndarray, where: str) -> None:
 
 
 # -- the data module ------------------------------------------------------------------------------------
-class ImageDataModule(LRADataModule):
+class ImageDataModule(HubOrArchiveTask):
     name = "image"
     config = ImageConfig
+    source_title = "image (CIFAR-10)"
+    original_archive = ("CIFAR-10", "cifar-10-python.tar.gz", "https://www.cs.toronto.edu/~kriz/cifar.html")
 
     tokenizer_version = TOKENIZER_VERSION
 
@@ -253,10 +253,6 @@ class ImageDataModule(LRADataModule):
     def tfds_split(self) -> bool:
         return self.cfg["split"] == ImageSplit.lra_original.value
 
-    @property
-    def disk_path(self) -> Path:
-        return Path(self.data_dir).expanduser() / self.cfg["disk_dir"]
-
     def pickle_path(self) -> Path | None:
         folder = find_release_path(self.data_dir, PICKLE_DIR)
         if folder is None or not all((folder / name).is_file() for name in (*TRAIN_BATCHES, TEST_BATCH)):
@@ -275,32 +271,14 @@ class ImageDataModule(LRADataModule):
             return "hf", self.cfg["hf_name"]
         return choice, ""
 
-    def missing_error(self, problem: str | None = None) -> MissingSourceError:
-        d = Path(self.data_dir).expanduser()
+    def local_layouts(self) -> list[str]:
         names = ",".join((*TRAIN_BATCHES, TEST_BATCH))
-        return source_error(
-            "image (CIFAR-10)",
-            [
-                f"{candidates(self.data_dir, PICKLE_DIR)[0]}/{{{names}}} (unpacked cifar-10-python.tar.gz)",
-                f"{self.disk_path} (datasets save_to_disk folder with train/test)",
-                f"the Hugging Face dataset {self.cfg['hf_name']!r} (hub or local HF cache)",
-            ],
-            archive=(
-                "CIFAR-10 is not in lra_release; get the original cifar-10-python.tar.gz "
-                f"(https://www.cs.toronto.edu/~kriz/cifar.html) and run `tar xzf cifar-10-python.tar.gz -C {d}`"
-            ),
-            hf=hf_hint(self.cfg["hf_name"], self.disk_path),
-            generator=None,
-            problem=problem,
-        )
+        return [
+            f"{candidates(self.data_dir, PICKLE_DIR)[0]}/{{{names}}} (unpacked cifar-10-python.tar.gz)",
+            f"{self.disk_path} (datasets save_to_disk folder with train/test)",
+        ]
 
-    def ensure_source(self) -> None:
-        """Cheap when the tokenized cache exists (the hub is then never asked); else read and check the source."""
-        if cache.exists(self.cache_path, SPLITS):
-            return
-        self._load()
-
-    def _load(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def read_source(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Both official splits as gray tokens `[n, 1024]` uint8 + labels, in source order."""
         if self._gray is not None:
             return self._gray
@@ -381,7 +359,7 @@ class ImageDataModule(LRADataModule):
         return order[a:b] if split == "train" else order[c:d]
 
     def build_split(self, split: str) -> dict[str, np.ndarray]:
-        data = self._load()
+        data = self.read_source()
         ids, labels = data["test" if split == "test" else "train"]
         rows = self.split_rows(split, len(data["train"][1]), len(data["test"][1]))
         ids, labels = ids[rows], labels[rows]

@@ -35,19 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from tasks import cache
-from tasks.base import SPLITS, LRADataModule
+from tasks.hub_task import HubOrArchiveTask
 from tasks.layout import DataSourceError
 from tasks.sources import (
     MissingSourceError,
-    hf_hint,
     is_disk_dataset,
     load_disk_dataset,
     load_hub_dataset,
     pack_bytes,
     path_stamp,
     plain,
-    source_error,
 )
 from tasks.tokenizers import ByteTokenizer
 
@@ -124,9 +121,11 @@ def holdout_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
-class TextDataModule(LRADataModule):
+class TextDataModule(HubOrArchiveTask):
     name = "text"
     config = TextConfig
+    source_title = "text (IMDB)"
+    original_archive = ("IMDB", "aclImdb_v1.tar.gz", "https://ai.stanford.edu/~amaas/data/sentiment/")
 
     tokenizer_version = ByteTokenizer.version
 
@@ -142,10 +141,6 @@ class TextDataModule(LRADataModule):
         self._packed: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # -- where the data is ---------------------------------------------------------------------------
-    @property
-    def disk_path(self) -> Path:
-        return Path(self.data_dir).expanduser() / self.cfg["disk_dir"]
-
     @property
     def raw_path(self) -> Path:
         return Path(self.data_dir).expanduser() / self.cfg["raw_dir"]
@@ -164,31 +159,13 @@ class TextDataModule(LRADataModule):
             return "hf", self.cfg["hf_name"]
         return choice, ""
 
-    def missing_error(self, problem: str | None = None) -> DataSourceError:
-        d = Path(self.data_dir).expanduser()
-        return source_error(
-            "text (IMDB)",
-            [
-                f"{self.disk_path} (datasets save_to_disk folder with train/test)",
-                f"{self.raw_path}/{{train,test}}/{{neg,pos}}/*.txt (unpacked aclImdb_v1.tar.gz)",
-                f"the Hugging Face dataset {self.cfg['hf_name']!r} (hub or local HF cache)",
-            ],
-            archive=(
-                "IMDB is not in lra_release; get the original aclImdb_v1.tar.gz "
-                f"(https://ai.stanford.edu/~amaas/data/sentiment/) and run `tar xzf aclImdb_v1.tar.gz -C {d}`"
-            ),
-            hf=hf_hint(self.cfg["hf_name"], self.disk_path),
-            generator=None,
-            problem=problem,
-        )
+    def local_layouts(self) -> list[str]:
+        return [
+            f"{self.disk_path} (datasets save_to_disk folder with train/test)",
+            f"{self.raw_path}/{{train,test}}/{{neg,pos}}/*.txt (unpacked aclImdb_v1.tar.gz)",
+        ]
 
-    def ensure_source(self) -> None:
-        """Cheap when the tokenized cache exists (the hub is then never asked); else read and check the source."""
-        if cache.exists(self.cache_path, SPLITS):
-            return
-        self._load_raw()
-
-    def _load_raw(self) -> dict[str, tuple[list[bytes], np.ndarray]]:
+    def read_source(self) -> dict[str, tuple[list[bytes], np.ndarray]]:
         if self._raw is not None:
             return self._raw
         kind, where = self.resolve_source()
@@ -239,7 +216,7 @@ class TextDataModule(LRADataModule):
 
     def _pack(self, raw_split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if raw_split not in self._packed:
-            docs, labels = self._load_raw()[raw_split]
+            docs, labels = self.read_source()[raw_split]
             if self.cfg["review_form"] == ReviewForm.tfds.value:
                 docs = [doc.strip() for doc in docs]  # bytes.strip(): ASCII whitespace, as TFDS imdb_reviews
             ids, lengths = pack_bytes(docs, self.max_length, self.seq_len)

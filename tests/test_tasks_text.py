@@ -153,7 +153,7 @@ def test_cache_is_reused_and_keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     make_dm(tmp_path).setup()
     dm = make_dm(tmp_path)
     monkeypatch.setattr(dm, "build_split", lambda split: (_ for _ in ()).throw(AssertionError("rebuilt")))
-    monkeypatch.setattr(dm, "_load_raw", lambda: (_ for _ in ()).throw(AssertionError("source read")))
+    monkeypatch.setattr(dm, "read_source", lambda: (_ for _ in ()).throw(AssertionError("source read")))
     dm.setup()  # served from the cache, without reading the source again (prepare_data runs on every run)
     assert make_dm(tmp_path, max_length=32).cache_path != dm.cache_path
 
