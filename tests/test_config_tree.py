@@ -29,7 +29,7 @@ def test_recipes_hold_only_what_their_task_changes(protocol: str) -> None:
     rows = {task: shared_part(recipe(protocol, task)) for task in TASKS}
     per_task = set.intersection(*(set(row) for row in rows.values()))
     alike = sorted(k for k in per_task if len({repr(row[k]) for row in rows.values()}) == 1)
-    assert not alike, f"every {protocol} recipe sets {alike} alike: that is the protocol's (conf/protocol/{protocol}.yaml)"
+    assert not alike, f"every {protocol} recipe sets {alike} alike: the protocol's (conf/protocol/{protocol}.yaml)"
     restated = []
     for task, row in rows.items():
         without = flatten(OmegaConf.to_container(compose([f"protocol={protocol}", f"task={task}", "~recipe"])))

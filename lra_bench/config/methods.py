@@ -16,7 +16,7 @@ NOT_ON_LEADERBOARD: tuple[str, ...] = ("linformer", "performer", "skyformer")
 
 
 def leaderboard_attentions() -> str:
-    """The swept `attn` values, comma-separated in the registry's (sorted) order, as `hydra.sweeper.params` takes them."""
+    """The swept `attn` values, comma-separated in the registry's (sorted) order: a `hydra.sweeper.params` value."""
     from lra_bench.registry import ATTENTIONS
 
     return ",".join(name for name in ATTENTIONS.names() if name not in NOT_ON_LEADERBOARD)
