@@ -42,7 +42,7 @@ def test_every_selector_composes_on_nystrom(selector: str) -> None:
     validate(cfg)
 
 
-@pytest.mark.parametrize("group", ["trainer", "logger", "callbacks", "debug", "protocol"])
+@pytest.mark.parametrize("group", ["trainer", "logger", "callbacks", "debug", "protocol", "model", "optim"])
 def test_every_other_option_composes(group: str) -> None:
     """Each option composes, passes the run-start checks, and its own values are what the composed config holds."""
     from lra_bench.record.identity import flatten

@@ -18,9 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, compose, start_run, write_listops
+from tests.conftest import compose, start_run, write_listops
 
 PROTOCOLS = ("nystromformer", "skyformer", "lra_original")
 #: every override a user may add without leaving the protocol: where data and outputs go, loggers, progress
@@ -38,8 +37,7 @@ EXTRA_ATTNS = ("linformer", "performer")  # in the published tables the reproduc
 def listed(protocol: str) -> list[tuple[str, str]]:
     """task × attn as the protocol's leaderboard experiment lists them (Path-X included), plus the published
     baselines' attentions."""
-    sweep = yaml.safe_load((REPO / "conf/experiment/leaderboard" / f"{protocol}.yaml").read_text())
-    params = sweep["hydra"]["sweeper"]["params"]
+    params = compose([f"experiment=leaderboard/{protocol}"], return_hydra_config=True).hydra.sweeper.params  # resolved
     tasks = sorted({*params["task"].split(","), "pathx"})
     attns = [*params["attn"].split(","), *EXTRA_ATTNS]
     return [(t, a) for t in tasks for a in attns]

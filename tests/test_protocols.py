@@ -44,7 +44,7 @@ def test_protocol_file_names_itself_and_its_source(protocol: str) -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_recipe_keys_are_known(protocol: str, task: str) -> None:
     """A misspelt key in a recipe would silently add a new key (model/optim/data are plain dicts)."""
-    base = OmegaConf.load(CONF / "config.yaml")
+    base = compose([])  # the harness's model/optim/data keys (conf/model/, conf/optim/, conf/config.yaml)
     trainer = OmegaConf.load(CONF / "trainer" / "default.yaml")
     task_fields = {f.name for f in fields(TASK_REGISTRY.config(task))}
     for key in flatten(recipe(protocol, task)):
@@ -98,8 +98,27 @@ def test_protocol_specifics() -> None:
     assert px.task.seq_len == 16384 and px.optim.grad_clip_val == 1.0 and px.model.pooling == "mean"
 
 
+def protocol_pinned(protocol: str) -> set[str]:
+    """The keys a protocol pins for all its tasks: those of the model and optimiser options its file selects
+    (`override /<group>@_global_.<group>: <option>`), with the options those inherit (their own defaults lists)."""
+
+    def option_keys(group: str, option: str) -> set[str]:
+        node = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
+        assert isinstance(node, dict)
+        inherited = {k for parent in node.pop("defaults", []) for k in option_keys(group, str(parent))}
+        return inherited | {f"{group}.{key}" for key in flatten(node)}
+
+    keys: set[str] = set()
+    for entry in OmegaConf.to_container(OmegaConf.load(CONF / "protocol" / f"{protocol}.yaml")).get("defaults", []):
+        for target, option in entry.items():
+            group = target.removeprefix("override ").removeprefix("/").split("@")[0]
+            keys |= option_keys(group, option)
+    return keys
+
+
 def test_recipes_are_complete() -> None:
-    """Every recipe pins the model, the optimiser, the batch and the step budget (no silent defaults)."""
+    """Every recipe, with its protocol's shared model and optimiser (`protocol_pinned`), pins the model, the
+    optimiser, the batch and the step budget (no silent defaults)."""
     required = {
         "model.dim",
         "model.depth",
@@ -120,5 +139,5 @@ def test_recipes_are_complete() -> None:
     }
     for protocol in PROTOCOLS:
         for task in TASKS:
-            keys = set(flatten(recipe(protocol, task)))
+            keys = set(flatten(recipe(protocol, task))) | protocol_pinned(protocol)
             assert required <= keys, f"{protocol}_{task}.yaml lacks {sorted(required - keys)}"

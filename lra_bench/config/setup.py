@@ -117,4 +117,7 @@ def setup() -> None:
 
     OmegaConf.register_new_resolver("tuned", tuned_value, replace=True)
     OmegaConf.register_new_resolver("slurm_gpus", slurm_gpus, replace=True)
+    from lra_bench.config.methods import leaderboard_attentions  # light: the registry loads when resolved
+
+    OmegaConf.register_new_resolver("leaderboard_attentions", leaderboard_attentions, replace=True)
     _DONE = True

@@ -6,6 +6,8 @@ Each failure is one `ConfigError` line naming the key, the value, and what would
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -322,11 +324,12 @@ def check_run_name(cfg: DictConfig) -> None:
         )
 
 
-def check_resolvable(cfg: DictConfig) -> None:
+def check_resolvable(cfg: DictConfig) -> Any:
     """Every interpolation resolves (`${tuned:...}` of `tuning=tuned`, `${oc.env:...}`): else one line naming the key
-    and the resolver's own message, instead of a traceback from wherever the value is first read."""
+    and the resolver's own message, instead of a traceback from wherever the value is first read. Returns the
+    resolved container."""
     try:
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or getattr(err, "key", None) or "config"
         message = str(err).splitlines()[0]
@@ -369,8 +372,18 @@ def check_callback_targets(cfg: DictConfig) -> None:
             hydra_log.disabled = muted
 
 
+#: digests of the resolved configs `validate` accepted in this process (`validate_once`)
+_ACCEPTED: set[str] = set()
+
+
+def _digest(resolved: Any) -> str:
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def validate(cfg: DictConfig) -> None:
-    check_resolvable(cfg)
+    """Every check above, in order; the first failure is one `ConfigError` line. Leaves the component nodes typed
+    (`check_components`) and remembers the config as accepted (`validate_once`)."""
+    digest = _digest(check_resolvable(cfg))
     check_components(cfg)
     check_rules(cfg)
     check_paths(cfg)
@@ -380,3 +393,20 @@ def validate(cfg: DictConfig) -> None:
     check_landmarks(cfg)
     check_batch(cfg)
     check_choices(cfg)
+    _ACCEPTED.add(digest)
+
+
+def validate_once(cfg: DictConfig) -> None:
+    """`validate(cfg)`, unless this process accepted a config with the same resolved values already: then only its
+    component nodes are typed, as `validate` leaves them.
+
+    Why: the same config reaches the checks more than once in one process — `run.py`'s pre-flight checks the
+    config it composed before Hydra composes it again for the run; the checked sweeper checks every job before an
+    in-process launcher runs it; `stage=spt` checks its plan before each stage runs. The run path calls this, so a
+    config is checked once; an equal config means equal answers (the checks read the values, the paths and the
+    importable callback targets, none of which a run changes before its stage starts).
+    """
+    if _digest(check_resolvable(cfg)) in _ACCEPTED:
+        check_components(cfg)
+        return
+    validate(cfg)

@@ -23,7 +23,7 @@ from pytorch_lightning.plugins.environments import SLURMEnvironment, TorchElasti
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench import runtime
-from lra_bench.config.validate import check_writable, validate
+from lra_bench.config.validate import check_writable, validate_once
 from lra_bench.errors import ConfigError
 from lra_bench.record import conformance
 from lra_bench.run import spt
@@ -39,7 +39,7 @@ def run_stage(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         for stage_cfg, stage_dir in spt.stages(cfg, output_dir):
             record = run_stage(stage_cfg, stage_dir)
         return record  # the fine-tune's
-    validate(cfg)
+    validate_once(cfg)  # the pre-flight or the sweeper checked it already: then only its components are typed
     runtime.set_threads(cfg.get("threads"))
     source = conformance.derive_run_keys(cfg)  # stage keys checked, `pretraining` derived (as the protocol check does)
     check_launch(cfg)

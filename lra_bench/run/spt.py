@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import validate
+from lra_bench.config.validate import validate_once
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
@@ -70,7 +70,7 @@ def completed(path: Path, cfg: DictConfig) -> bool:
         return False
     if record.get("status") != "completed":
         return False
-    validate(cfg)
+    validate_once(cfg)
     resolve_stage(cfg)
     wanted = _identity(plain_dict(cfg))
     found = _identity(record.get("config") or {})
@@ -86,7 +86,7 @@ def completed(path: Path, cfg: DictConfig) -> bool:
 def stages(cfg: DictConfig, output_dir: Path) -> list[tuple[DictConfig, Path]]:
     """The stages still to run, in order, as (config, dir): the pretraining stage unless already completed, then the
     fine-tune from it. A plan, not a runner: the entry runs each stage, so this module needs nothing of it."""
-    validate(cfg)  # fail before either stage starts (a typo, objective=causal with attn=nystrom, …)
+    validate_once(cfg)  # fail before either stage starts (a typo, objective=causal with attn=nystrom, …)
     check_pretrain_keys(cfg)
     if cfg.get("pretrained"):
         raise ConfigError(
