@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from lra_bench.config import methods
 from lra_bench.registry import ATTENTIONS
 from tests.conftest import CONF, compose
 from tests.test_protocols import PROTOCOLS, TASKS, flatten, recipe
@@ -51,13 +50,12 @@ def test_callbacks_group_holds_only_callbacks() -> None:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_leaderboard_experiments_sweep_the_registry_attentions(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The swept attentions are the registry's (but `NOT_ON_LEADERBOARD`), read when the sweep is read: a newly
-    registered attention joins every leaderboard without an edit."""
+    """The swept attentions are the registry's, read when the sweep is read: a newly registered attention joins
+    every leaderboard without an edit."""
     registered = ATTENTIONS.names()
-    expected = [n for n in registered if n not in methods.NOT_ON_LEADERBOARD]
+    expected = list(registered)
     cfg = compose([f"experiment=leaderboard/{protocol}"], return_hydra_config=True)
     assert cfg.hydra.sweeper.params.attn.split(",") == expected
-    assert set(methods.NOT_ON_LEADERBOARD) <= set(registered)  # a stale name would leave nothing out
     monkeypatch.setattr(ATTENTIONS, "names", lambda: sorted([*registered, "zz_new"]))
     cfg = compose([f"experiment=leaderboard/{protocol}"], return_hydra_config=True)
     assert cfg.hydra.sweeper.params.attn.split(",") == [*expected, "zz_new"]
