@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.reports.markdown import table
+from lra_bench.reports.numbers import ratio_text
 
 #: relative errors below this are drawn at it (a floor of 1e-15 would otherwise stretch the axis over 16 decades)
 PLOT_FLOOR = 1e-4
@@ -35,7 +36,7 @@ def _error_cell(a: dict[str, Any], metric: str) -> str:
     cell = "—" if a[metric] is None else f"{a[metric]:.3f}"
     if metric == "matrix_residual":
         if a.get("ey_ratio") is not None:
-            cell += f" ({a['ey_ratio']:.2f}×)"
+            cell += f" ({ratio_text(a['ey_ratio'], a.get('ey_ratio_limit'))})"
         elif a.get("floor_flagged"):
             cell += " (floor < 1%)"
         if a.get("worse_than_zero"):
