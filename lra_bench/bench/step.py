@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lra_bench.reports.markdown import table
 from lra_bench.runtime import prepare_process
 
 if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle threads sleep, freed memory stays
@@ -280,18 +281,22 @@ def time_protocol(
 
 def markdown(rows: list[StepTiming]) -> list[str]:
     """The table docs/results.md carries (one row per attention and precision)."""
-    lines = [
-        "| attention | precision | FLOPs/step | matmul-limit time | step | step / limit | eval batch "
-        "| whole protocol | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|",
+    header = ["attention", "precision", "FLOPs/step", "matmul-limit time", "step", "step / limit", "eval batch"]
+    body = [
+        [
+            r.attn,
+            r.precision,
+            f"{r.flops_step / 1e9:.1f} G",
+            f"{r.limit_s:.2f} s",
+            f"{r.step_s:.2f} s (IQR {r.step_spread_s:.2f}, {r.steps_timed} steps)",
+            f"{r.ratio:.2f}×",
+            f"{r.eval_batch_s:.2f} s",
+            f"{r.protocol_h:.2f} h",
+            f"{r.load_1m:.1f}",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.attn} | {r.precision} | {r.flops_step / 1e9:.1f} G | {r.limit_s:.2f} s "
-            f"| {r.step_s:.2f} s (IQR {r.step_spread_s:.2f}, {r.steps_timed} steps) | {r.ratio:.2f}× "
-            f"| {r.eval_batch_s:.2f} s | {r.protocol_h:.2f} h | {r.load_1m:.1f} |"
-        )
-    return lines
+    return table([*header, "whole protocol", "load (1 min)"], body)
 
 
 def shown_command(argv: list[str]) -> str:
