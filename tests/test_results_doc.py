@@ -76,7 +76,7 @@ def test_the_page_stays_short_however_many_configurations_the_run_has() -> None:
 
 
 def test_a_claim_is_one_line_and_a_reduction_past_minus_100_percent_is_a_ratio() -> None:
-    """k-means 26.6× uniform's error reads as that, not as a reduction of −2564%; the line says on how many inputs
+    """k-means at 26.6× uniform's error reads as that, not as a reduction of −2564%; the line says on how many inputs
     the claim holds under the reference solve, and under the others in brackets."""
     from lra_bench.reports.claims import claim_lines
 
@@ -90,8 +90,8 @@ def test_a_claim_is_one_line_and_a_reduction_past_minus_100_percent_is_a_ratio()
                "per_solve": {"stable": {"by_source": by_stable}, "training": {"by_source": by_training}}}  # fmt: skip
     (line,) = claim_lines([verdict])
     assert line.endswith(
-        "**partly met** — stable solve: reached on 1/2 inputs (trained); mean reduction trained +45%, planted_rank "
-        "26.6× uniform's error; 1 not measurable (uniform worse than Â = 0) (reached with the other solves: "
-        "training: 2/2)"
+        "**partly met** — stable solve: reached on 1/2 inputs (trained); mean error reduction against uniform: "
+        "trained +45%, planted_rank none (k-means 26.6× uniform's error); 1 not measurable (uniform worse than "
+        "Â = 0) (reached with the other solves: training: 2/2)"
     )
     assert "\n" not in line

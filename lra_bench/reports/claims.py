@@ -22,9 +22,9 @@ def share_verdict(hits: int, total: int) -> str:
 
 
 def reduction_text(value: float) -> str:
-    """k-means' error reduction against uniform; past −100% as the ratio of the two errors (a percentage of
-    −2564% reads as a figure, 26.6× uniform's error says what happened)."""
-    return f"{value:+.0%}" if value >= -1 else f"{ratio_text(1 - value)} uniform's error"
+    """k-means' error reduction against uniform; past −100% as the ratio of the two errors (a reduction of −2564%
+    reads as a figure, "k-means 26.6× uniform's error" says what happened)."""
+    return f"{value:+.0%}" if value >= -1 else f"none (k-means {ratio_text(1 - value)} uniform's error)"
 
 
 def kmeans_line(v: dict[str, Any]) -> str:
@@ -50,7 +50,7 @@ def kmeans_line(v: dict[str, Any]) -> str:
         )
     return (
         f"**{share_verdict(len(reached), len(measured))}** — {main} solve: reached on {len(reached)}/{len(measured)} "
-        f"inputs ({', '.join(reached) or 'none'}); mean reduction {figures}"
+        f"inputs ({', '.join(reached) or 'none'}); mean error reduction against uniform: {figures}"
         + (f"; {unmeasurable} not measurable (uniform worse than Â = 0)" if unmeasurable else "")
         + (f" (reached with the other solves: {others})" if others else "")
     )

@@ -92,10 +92,14 @@ def step_body(runs: list[dict[str, Any]], tables: str | None = None) -> str:
     rows = [StepTiming(**row) for row in first["rows"]]
     lines += [f"**{first['title']}** — `{first['command']}`", "", *markdown(rows), ""]
     if rest:
-        lines += ["Earlier measurements (step / limit; step time):", ""]
+        lines += ["Earlier measurements (step / limit, step time; their commands are in the CSV):", ""]
     for run in rest:
-        figures = ", ".join(f"{r['attn']} {r['ratio']:.2f}× ({r['step_s']:.2f} s)" for r in run["rows"])
-        lines.append(f"- {run['title']}: {figures} — `{run['command']}`")
+        figures = ", ".join(
+            f"{r['attn']}{'' if r['precision'] == '32-true' else ' ' + r['precision']} {r['ratio']:.2f}× "
+            f"({r['step_s']:.2f} s)"
+            for r in run["rows"]
+        )
+        lines.append(f"- {run['title']}: {figures}")
     if tables:
         lines += ["", f"Every row of every measurement: [`{tables}/{STEP_CSV}`]({tables}/{STEP_CSV})."]
     return "\n".join(lines)
