@@ -68,6 +68,9 @@ RESULTS_DIR ?= outputs/results
 # two OpenMP threads on a loaded machine stall each other (SVD 25× slower, timings erratic).
 BENCH_REPORT  ?= batch_size=2 threads=1 warmup=1 repeats=7 min_repeats=3 max_time_s=20 profile.steps=1
 APPROX_REPORT ?= threads=1
+# The committed training-step measurements (`python -m lra_bench.bench.step --json …`), newest first by name: the page
+# renders them again (hours to remake, so they are not rerun here).
+STEP_JSONS := $(sort $(wildcard docs/results/train_step/*.json))
 # A trained checkpoint for the approx study's `trained` source: default = the newest last.ckpt under outputs/.
 APPROX_CKPT ?= $(shell ls -t outputs/*/*/*/checkpoints/last.ckpt 2>/dev/null | head -1)
 
@@ -81,7 +84,8 @@ results: $(STAMP)  ## rerun the CPU bench + approx study (~10-25 min on 2 shared
 	$(PY) -m lra_bench.bench $(BENCH_REPORT) $(BENCH_ARGS) hydra.run.dir=$(RESULTS_DIR)/bench
 	$(PY) -m lra_bench.approx $(APPROX_REPORT) $(if $(APPROX_CKPT),ckpt=$(APPROX_CKPT) model.data_dir=$(RESULTS_DIR)/data) \
 		$(APPROX_ARGS) hydra.run.dir=$(RESULTS_DIR)/approx
-	$(PY) -m lra_bench.reports.results_doc --bench $(RESULTS_DIR)/bench --approx $(RESULTS_DIR)/approx --out docs/results.md
+	$(PY) -m lra_bench.reports.results_doc --bench $(RESULTS_DIR)/bench --approx $(RESULTS_DIR)/approx --out docs/results.md \
+		$(addprefix --step ,$(STEP_JSONS))
 
 TASK ?= listops
 ATTN ?= nystrom

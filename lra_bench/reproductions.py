@@ -33,6 +33,7 @@ from typing import Any
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import reproduction_interval, reproduction_verdict
 from lra_bench.registry import ATTENTIONS
+from lra_bench.reports.markdown import table
 from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
 from lra_bench.reproduce import IN_PROGRESS, REPO
 from lra_bench.stats.power import seeds_per_arm
@@ -168,12 +169,8 @@ def summary_table(runs: list[Run]) -> list[str]:
         published = published_rows(protocol, task)
         group = [r for r in runs if (r.protocol, r.task) == (protocol, task)]
         source = next(iter(published.values()))[1] if published else "no published table"
-        lines += [
-            f"### {TASK_LABELS.get(task, task)}, protocol `{protocol}` ({source})",
-            "",
-            "| attention | published | ours: mean ± 95% CI (completed seeds) | seeds done / in progress | verdict |",
-            "|---|---|---|---|---|",
-        ]
+        lines += [f"### {TASK_LABELS.get(task, task)}, protocol `{protocol}` ({source})", ""]
+        body = []
         for attn in sorted({r.attn for r in group} | set(published)):
             mine = [r for r in group if r.attn == attn and r.record.get("off_protocol") is False]  # never a trial
             done = [r.test_acc * 100 for r in mine if r.completed and r.test_acc is not None]
@@ -194,9 +191,9 @@ def summary_table(runs: list[Run]) -> list[str]:
                 if attn in ATTENTIONS.names()
                 else "no such attention here"
             )
-            lines.append(f"| {attn} | {pub[0]:.2f} |" if pub else f"| {attn} | — |")
-            lines[-1] += f" {ours} | {len(done)} / {running} | {verdict} |"
-        lines.append("")
+            body.append([attn, f"{pub[0]:.2f}" if pub else "—", ours, f"{len(done)} / {running}", verdict])
+        header = ["attention", "published", "ours: mean ± 95% CI (completed seeds)", "seeds done / in progress"]
+        lines += [*table([*header, "verdict"], body), ""]
     lines += [
         "GPA (the seed paper, ICLR 2026 submission 20651) claims the best LRA results among efficient methods but "
         "gives no ListOps number we have: its row has no published value and no verdict; it is compared with "
@@ -206,12 +203,22 @@ def summary_table(runs: list[Run]) -> list[str]:
     return lines
 
 
+RUNS_HEADER = (
+    "run",
+    "status",
+    "steps",
+    "test acc %",
+    "best val % (step)",
+    "left the prior at step",
+    "precision",
+    "wall time",
+    "machine, threads",
+    "on protocol",
+)
+
+
 def runs_table(runs: list[Run]) -> list[str]:
-    lines = [
-        "| run | status | steps | test acc % | best val % (step) | left the prior at step | precision | wall time "
-        "| machine, threads | on protocol |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    body = []
     for r in runs:
         metrics, env = r.record["metrics"], r.record.get("env") or {}
         planned = r.record["run"].get("planned_steps")
@@ -225,12 +232,21 @@ def runs_table(runs: list[Run]) -> list[str]:
         machine = f"{hardware.get('cpu', '?')} ({hardware.get('cpu_count', '?')} CPUs), {runtime.get('threads', '?')}"
         on = {False: "yes", True: "**no**", None: "unchecked"}[r.record.get("off_protocol")]
         status = "completed" if r.completed else "in progress (snapshot)"
-        lines.append(
-            f"| {r.protocol}/{r.task}/{r.attn}/seed-{r.seed} | {status} | {r.steps}/{planned} | {_pct(r.test_acc)} "
-            f"| {best} | {r.left_prior_at() or 'not yet'} | {r.record['config']['trainer'].get('precision')} "
-            f"| {_wall(r)} | {machine} | {on} |"
+        body.append(
+            [
+                f"{r.protocol}/{r.task}/{r.attn}/seed-{r.seed}",
+                status,
+                f"{r.steps}/{planned}",
+                _pct(r.test_acc),
+                best,
+                r.left_prior_at() or "not yet",
+                r.record["config"]["trainer"].get("precision"),
+                _wall(r),
+                machine,
+                on,
+            ]
         )
-    return lines
+    return table(RUNS_HEADER, body)
 
 
 def comparison(root: Path, runs: list[Run], a: str = "gpa", b: str = "nystrom") -> list[str]:

@@ -1,9 +1,13 @@
-"""The package layout: no import cycles in the project's code, counting function-level imports too.
+"""The package layout: no import cycles in the project's code, counting function-level imports too; no function
+longer than MAX_FUNCTION_LINES.
 
 Why function-level imports count: a cycle hidden inside a function still means two modules that each need the
 other (neither can be read, tested or moved alone), and the import order then decides at run time whether it works.
 Imports under `if TYPE_CHECKING:` count as well: they are only for annotations, but a cycle through them is the
 same design knot. The graph is read from the source with `ast` (nothing is imported), so the test is fast.
+
+Why a length limit: a function that does not fit on a screen does several jobs (issue 21 found four 140–182-line
+renderers), and its parts can then be neither named nor tested alone.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("lra_bench", "models", "tasks", "hydra_plugins")
+#: where the function-length limit applies (the scripts too: they are maintained code)
+LENGTH_CHECKED = ("lra_bench", "models", "tasks", "scripts")
+MAX_FUNCTION_LINES = 80
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -112,3 +119,32 @@ def test_cycle_finder_sees_a_planted_function_level_cycle(tmp_path: Path) -> Non
     (pkg / "b.py").write_text("def f():\n    from pkg.a import x\n")
     (pkg / "c.py").write_text("from . import a\n")
     assert cycles(import_graph(tmp_path, ["pkg"])) == [["pkg.a", "pkg.b"]]
+
+
+def long_functions(root: Path = ROOT, folders: Iterable[str] = LENGTH_CHECKED) -> list[str]:
+    """`path:line name (N lines)` for every function (methods and nested ones too) over MAX_FUNCTION_LINES."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_over_the_length_limit() -> None:
+    found = long_functions()
+    assert found == [], f"functions over {MAX_FUNCTION_LINES} lines (split them into named parts):\n" + "\n".join(found)
+
+
+def test_length_check_sees_a_long_method(tmp_path: Path) -> None:
+    """The check itself: a method one line over the limit is found, one at the limit is not."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    body = "\n".join(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    (pkg / "a.py").write_text(f"class A:\n    def ok(self):\n{body}\n\n    def long(self):\n{body}\n        y = 0\n")
+    assert long_functions(tmp_path, ["pkg"]) == [
+        f"pkg/a.py:{MAX_FUNCTION_LINES + 3} long ({MAX_FUNCTION_LINES + 1} lines)"
+    ]

@@ -6,6 +6,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lra_bench.reports.markdown import table
+from lra_bench.reports.numbers import ratio_text
+
 #: relative errors below this are drawn at it (a floor of 1e-15 would otherwise stretch the axis over 16 decades)
 PLOT_FLOOR = 1e-4
 
@@ -17,11 +20,6 @@ CLAIM_TITLES = {
     "spectral_s": "(b) Outlier-spectral — does a larger s lower the residual?",
     "poly_rank": "(d) Rank of exp(QKᵀ/√d) against a degree-2 polynomial kernel of the same inputs",
 }
-
-
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in body]
 
 
 def _reduction_cell(r: dict[str, Any] | None) -> str:
@@ -38,7 +36,7 @@ def _error_cell(a: dict[str, Any], metric: str) -> str:
     cell = "—" if a[metric] is None else f"{a[metric]:.3f}"
     if metric == "matrix_residual":
         if a.get("ey_ratio") is not None:
-            cell += f" ({a['ey_ratio']:.2f}×)"
+            cell += f" ({ratio_text(a['ey_ratio'], a.get('ey_ratio_limit'))})"
         elif a.get("floor_flagged"):
             cell += " (floor < 1%)"
         if a.get("worse_than_zero"):
@@ -46,11 +44,11 @@ def _error_cell(a: dict[str, Any], metric: str) -> str:
     return cell
 
 
-def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> str:
-    s, summ, env = data["settings"], data["summary"], data["env"]
+def _setup_lines(data: dict[str, Any]) -> list[str]:
+    """The bullet list under the title: command, commit, machine, settings, sources and what each metric means."""
+    s, env = data["settings"], data["env"]
     hw = env.get("hardware", {})
-    out = [f"{h} Approximation study (`python -m lra_bench.approx`)", ""]
-    out.append(f"- command: `{data['command']}`")
+    out = [f"- command: `{data['command']}`"]
     out.append(
         f"- git commit: `{env.get('git_commit')}`; torch {env.get('packages', {}).get('torch')}; "
         f"{hw.get('cpu')} ({hw.get('cpu_count')} logical CPUs), torch threads {data['threads']}; "
@@ -76,132 +74,165 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
         "of the achieved error to it; block-coherence β (our definition): k-means the queries into r clusters "
         "and take the share of A's rank-r leverage Σℓ_i that the highest-leverage token of each cluster holds"
     )
+    return out
+
+
+def _kmeans_lines(summ: dict[str, Any]) -> list[str]:
+    """The k-means vs uniform reduction per input, solve and m, with each input's block-coherence β."""
+    kv = next((v for v in summ["verdicts"] if v["claim"] == "gpa_kmeans"), None)
+    if not (kv and kv.get("per_solve")):
+        return []
+    out = [
+        "",
+        "k-means vs uniform, error reduction 1 − err(k-means)/err(uniform) per m (median over pairs; k-means "
+        "better in w/p pairs; pairs whose uniform error is ≥ 1 are excluded and counted; `oracle` = the best "
+        "middle matrix for each selector's factors, i.e. what the landmarks allow whatever the solve):",
+        "",
+    ]
+    ms = sorted({r["m"] for v in kv["per_solve"].values() for r in v["per_m"]})
+    beta = summ.get("block_coherence", {})
+    body = []
+    for solve, v in kv["per_solve"].items():
+        by: dict[str, dict[Any, Any]] = defaultdict(dict)
+        for r in v["per_m"]:
+            by[r["source"]][r["m"]] = r
+        for src, per_m in by.items():
+            body.append(
+                [
+                    f"`{src}`",
+                    solve,
+                    *[_reduction_cell(per_m.get(m)) for m in ms],
+                    "—" if beta.get(src) is None else f"{beta[src]:.2f}",
+                ]
+            )
+    return out + table(["input", "solve", *[f"m={m}" for m in ms], "block-coherence β"], body)
+
+
+def _input_row(source: str, ins: list[dict[str, Any]], ms_all: list[str]) -> list[str]:
+    """One source's size, ranks and, per m, its mean Eckart–Young floor and block-coherence β."""
+    nmean = sum(i["n"] for i in ins) / len(ins)
+    ra = sum(i["rank_a"] for i in ins) / len(ins)
+    sr = sum(i["stable_rank_a"] or 0 for i in ins) / len(ins)
+    cells = []
+    for m in ms_all:
+        vals = [i["per_m"][m] for i in ins if m in i["per_m"]]
+        if not vals:
+            cells.append("—")
+            continue
+        fl = sum(v["ey_floor"] or 0 for v in vals) / len(vals)
+        bc = [v["block_coherence"] for v in vals if v["block_coherence"] is not None]
+        cells.append(f"{fl:.3f} / {sum(bc) / len(bc):.2f}" if bc else f"{fl:.3f} / undefined (m > rank A)")
+    return [f"`{source}`", str(len(ins)), f"{nmean:.0f}", f"{ra:.0f}", f"{sr:.2f}", *cells]
+
+
+def _inputs_lines(data: dict[str, Any], h: str) -> list[str]:
+    """The inputs table, and the kernel ranks of claim (d) when the study measured them."""
+    inputs, ms_all = data["inputs"], [str(m) for m in data["settings"]["landmarks"]]
+    out = ["", f"{h}# Inputs", ""]
+    body = [
+        _input_row(source, [i for i in inputs if i["source"] == source], ms_all)
+        for source in dict.fromkeys(i["source"] for i in inputs)
+    ]
+    out += table(["input", "instances", "n", "rank A", "stable rank A", *[f"m={m}: floor / β" for m in ms_all]], body)
+    rk = next((v for v in data["summary"]["verdicts"] if v["claim"] == "poly_rank"), None)
+    if not (rk and rk["rows"]):
+        return out
+    out += ["", "Kernel ranks on the same logits L = qkᵀ/√d (numerical rank / stable rank, mean over instances):", ""]
+    return out + table(
+        ["input", "n", "exp(L)", "softmax(L)", "L∘L", "(1+L)∘(1+L)", "degree-2 bound C(d+1,2) / C(d+2,2)"],
+        [
+            [
+                f"`{r['source']}`",
+                f"{r['n']:.0f}",
+                *[
+                    f"{r[f'{k}_numerical_rank']:.0f} / {r[f'{k}_stable_rank']:.2f}"
+                    for k in ("exp", "softmax", "poly2", "poly2_inhom")
+                ],
+                f"{r['bound_poly2']} / {r['bound_poly2_inhom']}",
+            ]
+            for r in rk["rows"]
+        ],
+    )
+
+
+METRIC_TITLES = (
+    (
+        "matrix_residual",
+        "relative error ‖A−Â‖_F/‖A‖_F, median over instances and seeds (pooled ratio Σerr/Σfloor to the "
+        "Eckart–Young floor at the effective rank; [k/N ≥ 1] = evaluations worse than Â = 0)",
+    ),
+    ("output_residual", "output residual ‖(A−Â)V‖_F/‖AV‖_F, median over instances and seeds"),
+)
+
+
+def _metric_table(rows: list[dict[str, Any]], metric: str, ms: list[int]) -> list[str]:
+    """One source's table of `metric` by method and m (the SVD floor first for the matrix error)."""
+    labels = list(dict.fromkeys((a["group"], a["label"], a["solve"]) for a in rows))
+    idx = {(a["group"], a["label"], a["solve"], a["m"]): a for a in rows}
+    body = []
+    if metric == "matrix_residual":
+        floor_cells = []
+        for m in ms:
+            fl = [a["ey_floor"] for a in rows if a["m"] == m and a["group"] == "selector" and a["ey_floor"]]
+            floor_cells.append(f"{sum(fl) / len(fl):.3f}" if fl else "—")
+        body.append(["**SVD floor (rank m)**", "", "", *floor_cells, ""])
+    for group, label, solve in labels:
+        cells = []
+        for m in ms:
+            a = idx.get((group, label, solve, m))
+            cells.append("—" if a is None else _error_cell(a, metric))
+        fixed = idx.get((group, label, solve, None))
+        extra = "" if fixed is None else _error_cell(fixed, metric) + f" (r={fixed['rank_budget_nominal']})"
+        tgt = " †" if any(a.get("target") == "own" for a in rows if a["label"] == label) else ""
+        body.append([f"`{label}`{tgt}", group, solve if group == "selector" else "own", *cells, extra])
+    return table(["method", "group", "solve", *[f"m={m}" for m in ms], "fixed rank"], body)
+
+
+def _source_lines(data: dict[str, Any], source: str, h: str, img_dir: str) -> list[str]:
+    """One input's section: its error and output-residual tables, and its plot."""
+    out = ["", f"{h}# Input `{source}`", ""]
+    rows = [a for a in data["summary"]["aggregate"] if a["source"] == source]
+    ms = sorted({a["m"] for a in rows if a["m"] is not None})
+    for metric, title in METRIC_TITLES:
+        out += [f"{title}:", "", *_metric_table(rows, metric, ms), ""]
+    if any(a.get("target") == "own" for a in rows):
+        out.append("† scored against its own target operator (not softmax), see the verdict on (b).")
+        out.append("")
+    name = f"approx_{source}.png"
+    if name in data.get("plots", []):
+        out.append(
+            f"![{source}]({img_dir}/{name})\n\n(Plot: errors below {PLOT_FLOOR:g} — including a floor of "
+            "≈ 0 when A has rank ≤ m — are drawn at that value, marked ▼; the dotted line at 1 is Â = 0.)"
+        )
+    return out
+
+
+def _failure_lines(data: dict[str, Any], h: str) -> list[str]:
+    """The failed evaluations, one row per method and reason with how often."""
+    errs = [r for r in data["rows"] if r.get("status") != "ok"]
+    out = ["", f"{h}# Failed evaluations", ""]
+    if not errs:
+        return [*out, "None."]
+    seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in errs:
+        seen.setdefault((r["label"], r.get("error") or r.get("status")), []).append(r)
+    return out + table(
+        ["method", "count", "why"], [[f"`{label}`", str(len(v)), str(why)] for (label, why), v in seen.items()]
+    )
+
+
+def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> str:
+    """approx.md: the study's setup, the verdicts, the inputs, each input's tables and plot, the failures."""
+    summ = data["summary"]
+    out = [f"{h} Approximation study (`python -m lra_bench.approx`)", "", *_setup_lines(data)]
     out += ["", f"{h}# Verdicts (computed from the numbers below)", ""]
     for v in summ["verdicts"]:
         out.append(f"- **{CLAIM_TITLES.get(v['claim'], v['claim'])}** {v['verdict']}")
-    kv = next((v for v in summ["verdicts"] if v["claim"] == "gpa_kmeans"), None)
-    if kv and kv.get("per_solve"):
-        out += [
-            "",
-            "k-means vs uniform, error reduction 1 − err(k-means)/err(uniform) per m (median over pairs; k-means "
-            "better in w/p pairs; pairs whose uniform error is ≥ 1 are excluded and counted; `oracle` = the best "
-            "middle matrix for each selector's factors, i.e. what the landmarks allow whatever the solve):",
-            "",
-        ]
-        ms = sorted({r["m"] for v in kv["per_solve"].values() for r in v["per_m"]})
-        beta = summ.get("block_coherence", {})
-        body = []
-        for solve, v in kv["per_solve"].items():
-            by: dict[str, dict[Any, Any]] = defaultdict(dict)
-            for r in v["per_m"]:
-                by[r["source"]][r["m"]] = r
-            for src, per_m in by.items():
-                body.append(
-                    [
-                        f"`{src}`",
-                        solve,
-                        *[_reduction_cell(per_m.get(m)) for m in ms],
-                        "—" if beta.get(src) is None else f"{beta[src]:.2f}",
-                    ]
-                )
-        out += _table(["input", "solve", *[f"m={m}" for m in ms], "block-coherence β"], body)
-    out += ["", f"{h}# Inputs", ""]
-    inputs = data["inputs"]
-    ms_all = [str(m) for m in s["landmarks"]]
-    body = []
-    for source in dict.fromkeys(i["source"] for i in inputs):
-        ins = [i for i in inputs if i["source"] == source]
-        nmean = sum(i["n"] for i in ins) / len(ins)
-        ra = sum(i["rank_a"] for i in ins) / len(ins)
-        sr = sum(i["stable_rank_a"] or 0 for i in ins) / len(ins)
-        cells = []
-        for m in ms_all:
-            vals = [i["per_m"][m] for i in ins if m in i["per_m"]]
-            if not vals:
-                cells.append("—")
-                continue
-            fl = sum(v["ey_floor"] or 0 for v in vals) / len(vals)
-            bc = [v["block_coherence"] for v in vals if v["block_coherence"] is not None]
-            cells.append(f"{fl:.3f} / {sum(bc) / len(bc):.2f}" if bc else f"{fl:.3f} / undefined (m > rank A)")
-        body.append([f"`{source}`", str(len(ins)), f"{nmean:.0f}", f"{ra:.0f}", f"{sr:.2f}", *cells])
-    out += _table(["input", "instances", "n", "rank A", "stable rank A", *[f"m={m}: floor / β" for m in ms_all]], body)
-    rk = next((v for v in summ["verdicts"] if v["claim"] == "poly_rank"), None)
-    if rk and rk["rows"]:
-        out += [
-            "",
-            "Kernel ranks on the same logits L = qkᵀ/√d (numerical rank / stable rank, mean over instances):",
-            "",
-        ]
-        out += _table(
-            ["input", "n", "exp(L)", "softmax(L)", "L∘L", "(1+L)∘(1+L)", "degree-2 bound C(d+1,2) / C(d+2,2)"],
-            [
-                [
-                    f"`{r['source']}`",
-                    f"{r['n']:.0f}",
-                    *[
-                        f"{r[f'{k}_numerical_rank']:.0f} / {r[f'{k}_stable_rank']:.2f}"
-                        for k in ("exp", "softmax", "poly2", "poly2_inhom")
-                    ],
-                    f"{r['bound_poly2']} / {r['bound_poly2_inhom']}",
-                ]
-                for r in rk["rows"]
-            ],
-        )
-    agg = summ["aggregate"]
-    for source in dict.fromkeys(a["source"] for a in agg):
-        out += ["", f"{h}# Input `{source}`", ""]
-        rows = [a for a in agg if a["source"] == source]
-        ms = sorted({a["m"] for a in rows if a["m"] is not None})
-        for metric, title in (
-            (
-                "matrix_residual",
-                "relative error ‖A−Â‖_F/‖A‖_F, median over instances and seeds (pooled ratio Σerr/Σfloor to the "
-                "Eckart–Young floor at the effective rank; [k/N ≥ 1] = evaluations worse than Â = 0)",
-            ),
-            ("output_residual", "output residual ‖(A−Â)V‖_F/‖AV‖_F, median over instances and seeds"),
-        ):
-            out += [f"{title}:", ""]
-            labels = list(dict.fromkeys((a["group"], a["label"], a["solve"]) for a in rows))
-            idx = {(a["group"], a["label"], a["solve"], a["m"]): a for a in rows}
-            body = []
-            if metric == "matrix_residual":
-                floor_cells = []
-                for m in ms:
-                    fl = [a["ey_floor"] for a in rows if a["m"] == m and a["group"] == "selector" and a["ey_floor"]]
-                    floor_cells.append(f"{sum(fl) / len(fl):.3f}" if fl else "—")
-                body.append(["**SVD floor (rank m)**", "", "", *floor_cells, ""])
-            for group, label, solve in labels:
-                cells = []
-                for m in ms:
-                    a = idx.get((group, label, solve, m))
-                    cells.append("—" if a is None else _error_cell(a, metric))
-                fixed = idx.get((group, label, solve, None))
-                extra = "" if fixed is None else _error_cell(fixed, metric) + f" (r={fixed['rank_budget_nominal']})"
-                tgt = " †" if any(a.get("target") == "own" for a in rows if a["label"] == label) else ""
-                body.append([f"`{label}`{tgt}", group, solve if group == "selector" else "own", *cells, extra])
-            out += _table(["method", "group", "solve", *[f"m={m}" for m in ms], "fixed rank"], body)
-            out.append("")
-        if any(a.get("target") == "own" for a in rows):
-            out.append("† scored against its own target operator (not softmax), see the verdict on (b).")
-            out.append("")
-        name = f"approx_{source}.png"
-        if name in data.get("plots", []):
-            out.append(
-                f"![{source}]({img_dir}/{name})\n\n(Plot: errors below {PLOT_FLOOR:g} — including a floor of "
-                "≈ 0 when A has rank ≤ m — are drawn at that value, marked ▼; the dotted line at 1 is Â = 0.)"
-            )
-    errs = [r for r in data["rows"] if r.get("status") != "ok"]
-    out += ["", f"{h}# Failed evaluations", ""]
-    if not errs:
-        out.append("None.")
-    else:
-        seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for r in errs:
-            seen.setdefault((r["label"], r.get("error") or r.get("status")), []).append(r)
-        out += _table(
-            ["method", "count", "why"],
-            [[f"`{label}`", str(len(v)), str(why)] for (label, why), v in seen.items()],
-        )
+    out += _kmeans_lines(summ)
+    out += _inputs_lines(data, h)
+    for source in dict.fromkeys(a["source"] for a in summ["aggregate"]):
+        out += _source_lines(data, source, h, img_dir)
+    out += _failure_lines(data, h)
     return "\n".join(out) + "\n"
 
 

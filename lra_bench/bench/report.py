@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.bench.stats import loglog_slope
+from lra_bench.reports.markdown import table
 
 MODES = ("forward", "forward_backward")
 MODE_TITLE = {"forward": "forward (inference, no grad)", "forward_backward": "forward + backward (training)"}
@@ -215,12 +216,6 @@ def _fmt_ms(s: float | None) -> str:
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
 
 
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return lines
-
-
 def _cell_status(r: dict[str, Any] | None) -> str | None:
     if r is None:
         return "—"
@@ -240,21 +235,15 @@ def _method_by_n_table(labels, ns, idx, mode, cell) -> list[str]:
             r = idx.get((lab, mode, n))
             row.append(_cell_status(r) or cell(r))
         body.append([f"`{lab}`", *row])
-    return _table(["method", *[f"n={n}" for n in ns]], body)
+    return table(["method", *[f"n={n}" for n in ns]], body)
 
 
-def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> str:
-    rows, summ, s = data["rows"], data["summary"], data["settings"]
-    env, mm = data["env"], data["matmul"]
-    idx = _index(rows)
-    ns = sorted({r["n"] for r in rows})
-    labels = _labels(rows)
-    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+def _setup_lines(data: dict[str, Any], ns: list[int]) -> list[str]:
+    """The bullet list under the title: command, commit, hardware, shape, matmul yardstick, memory and FLOP notes —
+    what a reader needs to judge the numbers below."""
+    s, env, mm = data["settings"], data["env"], data["matmul"]
     hw = env.get("hardware", {})
-    out: list[str] = []
-    out.append(f"{h} Attention benchmark (`python -m lra_bench.bench`)")
-    out.append("")
-    out.append(f"- command: `{data['command']}`")
+    out = [f"- command: `{data['command']}`"]
     if data.get("stopped"):
         out.append(f"- **stopped early** by {data['stopped']}; the configurations after it were not measured")
     torch_version = env.get("packages", {}).get("torch")
@@ -284,126 +273,139 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
         "more matmul work than the algorithm needs, e.g. one-hot matmuls for cluster means; FlopCounterMode does "
         "not see fused CPU SDPA kernels)"
     )
-    out.append("")
-    out.append(f"{h}# Targets (computed; mode {s['targets'].get('mode')})")
-    out.append("")
-    out += _table(
-        ["target", "threshold", "verdict", "detail"],
-        [[t["target"], t["threshold"], f"**{t['verdict']}**", t["detail"]] for t in summ["targets"]],
-    )
-    for mode in modes:
-        out.append("")
-        out.append(f"{h}# {MODE_TITLE[mode]}")
-        out.append("")
-        out.append("Median time in ms (interquartile range in brackets); `skip` = over the memory budget, see below.")
-        out.append("")
-        out += _method_by_n_table(
-            labels, ns, idx, mode, lambda r: f"{_fmt_ms(r['time_median_s'])} ({_fmt_ms(r['time_iqr_s'])})"
-        )
-        out.append("")
-        out.append("Peak memory in MiB (beyond the inputs; see the memory note above).")
-        out.append("")
-        out += _method_by_n_table(labels, ns, idx, mode, lambda r: f"{r['peak_mem_bytes'] / 2**20:.1f}")
-        sp = {(x["label"], x["n"]): x["speedup"] for x in summ["speedups"] if x["mode"] == mode}
-        if sp:
-            out.append("")
-            out.append("Speed-up against `full` (t_full / t_method).")
-            out.append("")
-            body = [
-                [f"`{lab}`", *[f"{sp[(lab, n)]:.1f}×" if (lab, n) in sp else "—" for n in ns]]
-                for lab in labels
-                if lab != "full"
-            ]
-            out += _table(["method", *[f"n={n}" for n in ns]], body)
-        pr = [x for x in summ["pair_ratios"] if x["mode"] == mode]
-        if pr:
-            num, den = s["targets"]["time_ratio_at_equal_m"]["pair"]
-            out.append("")
-            out.append(f"Time ratio `{num}` / `{den}` at equal m (each with its own default selector).")
-            if num == "gpa":
-                out.append(
-                    "GPA's codebook is refreshed by k-means on the pooled batch at pass 1 and every `refresh_every` "
-                    "passes; the bench primes it before timing, so these are steady-state times (assignment to the "
-                    "codebook + cluster means). What a k-means costs per call shows in any `…/kmeans/…` row "
-                    "(per-sequence k-means++ and Lloyd to convergence at every call)."
-                )
-            out.append("")
-            by: dict[str, dict[int, float]] = defaultdict(dict)
-            for x in pr:
-                by[f"`{x['num']}` / `{x['den']}`"][x["n"]] = x["ratio"]
-            out += _table(
-                ["pair", *[f"n={n}" for n in ns]],
-                [[k, *[f"{v[n]:.2f}" if n in v else "—" for n in ns]] for k, v in by.items()],
-            )
-        sl = [x for x in summ["slopes"] if x["mode"] == mode]
-        out.append("")
+    return out
+
+
+def _speedup_lines(summ: dict[str, Any], mode: str, labels: list[str], ns: list[int]) -> list[str]:
+    """The speed-up against `full` table of one mode (nothing when no speed-up was computed)."""
+    sp = {(x["label"], x["n"]): x["speedup"] for x in summ["speedups"] if x["mode"] == mode}
+    if not sp:
+        return []
+    body = [
+        [f"`{lab}`", *[f"{sp[(lab, n)]:.1f}×" if (lab, n) in sp else "—" for n in ns]]
+        for lab in labels
+        if lab != "full"
+    ]
+    return ["", "Speed-up against `full` (t_full / t_method).", "", *table(["method", *[f"n={n}" for n in ns]], body)]
+
+
+def _pair_ratio_lines(summ: dict[str, Any], s: dict[str, Any], mode: str, ns: list[int]) -> list[str]:
+    """The time ratio of the target's pair at equal m (GPA against Nyström), with what GPA's timing includes."""
+    pr = [x for x in summ["pair_ratios"] if x["mode"] == mode]
+    if not pr:
+        return []
+    num, den = s["targets"]["time_ratio_at_equal_m"]["pair"]
+    out = ["", f"Time ratio `{num}` / `{den}` at equal m (each with its own default selector)."]
+    if num == "gpa":
         out.append(
-            f"Log-log slopes of time and memory against n (least squares over the measured n in "
-            f"{s['targets'].get('slope_range')}), and the achieved rate at the largest n measured."
+            "GPA's codebook is refreshed by k-means on the pooled batch at pass 1 and every `refresh_every` "
+            "passes; the bench primes it before timing, so these are steady-state times (assignment to the "
+            "codebook + cluster means). What a k-means costs per call shows in any `…/kmeans/…` row "
+            "(per-sequence k-means++ and Lloyd to convergence at every call)."
+        )
+    out.append("")
+    by: dict[str, dict[int, float]] = defaultdict(dict)
+    for x in pr:
+        by[f"`{x['num']}` / `{x['den']}`"][x["n"]] = x["ratio"]
+    return out + table(
+        ["pair", *[f"n={n}" for n in ns]],
+        [[k, *[f"{v[n]:.2f}" if n in v else "—" for n in ns]] for k, v in by.items()],
+    )
+
+
+def _slope_row(x: dict[str, Any], rows: list[dict[str, Any]], mode: str) -> list[str]:
+    """One method's slopes, its largest n, hand-counted GFLOP, the FlopCounter cross-check and its rate fraction."""
+    mine = [r for r in _ok(rows) if r["label"] == x["label"] and r["mode"] == mode]
+    big = max(mine, key=lambda r: r["n"])
+    frac = big.get("rate_fraction")
+    fl = big.get("flops")
+    counted = [r for r in mine if r.get("flops_counted") and r.get("flops")]
+    check = "—"
+    if counted:
+        c = max(counted, key=lambda r: r["n"])
+        check = f"{c['flops_counted'] / c['flops']:.2f} (n={c['n']})"
+    return [
+        f"`{x['label']}`",
+        "—" if x["time_slope"] is None else f"{x['time_slope']:.2f}",
+        "—" if x["memory_slope"] is None else f"{x['memory_slope']:.2f}",
+        f"{x['n_min']}…{x['n_max']}" if x["n_min"] else "—",
+        str(big["n"]),
+        "unknown" if fl is None else f"{fl / 1e9:.3g}",
+        check,
+        "—" if frac is None else f"{frac:.1%}",
+    ]
+
+
+SLOPE_HEADER = (
+    "method",
+    "time slope",
+    "memory slope",
+    "fit range",
+    "n",
+    "GFLOP (hand count)",
+    "FlopCounter / hand",
+    "rate / matmul",
+)
+
+
+def _mode_lines(data: dict[str, Any], mode: str, h: str, img_dir: str) -> list[str]:
+    """One mode's section: time and memory by method and n, speed-ups, the pair ratio, slopes, and its plots."""
+    rows, summ, s = data["rows"], data["summary"], data["settings"]
+    idx = _index(rows)
+    ns = sorted({r["n"] for r in rows})
+    labels = _labels(rows)
+    out = ["", f"{h}# {MODE_TITLE[mode]}", ""]
+    out.append("Median time in ms (interquartile range in brackets); `skip` = over the memory budget, see below.")
+    out.append("")
+    out += _method_by_n_table(
+        labels, ns, idx, mode, lambda r: f"{_fmt_ms(r['time_median_s'])} ({_fmt_ms(r['time_iqr_s'])})"
+    )
+    out += ["", "Peak memory in MiB (beyond the inputs; see the memory note above).", ""]
+    out += _method_by_n_table(labels, ns, idx, mode, lambda r: f"{r['peak_mem_bytes'] / 2**20:.1f}")
+    out += _speedup_lines(summ, mode, labels, ns)
+    out += _pair_ratio_lines(summ, s, mode, ns)
+    out.append("")
+    out.append(
+        f"Log-log slopes of time and memory against n (least squares over the measured n in "
+        f"{s['targets'].get('slope_range')}), and the achieved rate at the largest n measured."
+    )
+    out.append("")
+    out += table(SLOPE_HEADER, [_slope_row(x, rows, mode) for x in summ["slopes"] if x["mode"] == mode])
+    for metric in ("time", "memory"):
+        name = f"{metric}_{mode}.png"
+        if name in data.get("plots", []):
+            out += ["", f"![{metric} {mode}]({img_dir}/{name})"]
+    return out
+
+
+def _profile_lines(profiles: list[dict[str, Any]], h: str) -> list[str]:
+    """The torch.profiler top operators of each profiled configuration (nothing when none was profiled)."""
+    if not profiles:
+        return []
+    out = ["", f"{h}# Where the time goes (torch.profiler, top operators by self time)"]
+    for p in profiles:
+        out.append("")
+        if p.get("error"):
+            out.append(f"`{p['label']}` at n={p['n']}: profiling failed — {p['error']}")
+            continue
+        out.append(
+            f"`{p['label']}` at n={p['n']}, {p['mode']}: {p['total_ms_per_call']:.1f} ms of operator self time per call"
         )
         out.append("")
-        body = []
-        for x in sl:
-            mine = [r for r in _ok(rows) if r["label"] == x["label"] and r["mode"] == mode]
-            big = max(mine, key=lambda r: r["n"])
-            frac = big.get("rate_fraction")
-            fl = big.get("flops")
-            counted = [r for r in mine if r.get("flops_counted") and r.get("flops")]
-            check = "—"
-            if counted:
-                c = max(counted, key=lambda r: r["n"])
-                check = f"{c['flops_counted'] / c['flops']:.2f} (n={c['n']})"
-            body.append(
-                [
-                    f"`{x['label']}`",
-                    "—" if x["time_slope"] is None else f"{x['time_slope']:.2f}",
-                    "—" if x["memory_slope"] is None else f"{x['memory_slope']:.2f}",
-                    f"{x['n_min']}…{x['n_max']}" if x["n_min"] else "—",
-                    str(big["n"]),
-                    "unknown" if fl is None else f"{fl / 1e9:.3g}",
-                    check,
-                    "—" if frac is None else f"{frac:.1%}",
-                ]
-            )
-        out += _table(
+        out += table(
+            ["operator", "self ms / call", "share", "calls / call"],
             [
-                "method",
-                "time slope",
-                "memory slope",
-                "fit range",
-                "n",
-                "GFLOP (hand count)",
-                "FlopCounter / hand",
-                "rate / matmul",
+                [f"`{r['op']}`", f"{r['self_ms_per_call']:.2f}", f"{r['share']:.0%}", f"{r['calls_per_step']:.0f}"]
+                for r in p["top"]
             ],
-            body,
         )
-        for metric in ("time", "memory"):
-            name = f"{metric}_{mode}.png"
-            if name in data.get("plots", []):
-                out.append("")
-                out.append(f"![{metric} {mode}]({img_dir}/{name})")
-    profiles = data.get("profiles") or []
-    if profiles:
-        out.append("")
-        out.append(f"{h}# Where the time goes (torch.profiler, top operators by self time)")
-        for p in profiles:
-            out.append("")
-            if p.get("error"):
-                out.append(f"`{p['label']}` at n={p['n']}: profiling failed — {p['error']}")
-                continue
-            out.append(
-                f"`{p['label']}` at n={p['n']}, {p['mode']}: "
-                f"{p['total_ms_per_call']:.1f} ms of operator self time per call"
-            )
-            out.append("")
-            out += _table(
-                ["operator", "self ms / call", "share", "calls / call"],
-                [
-                    [f"`{r['op']}`", f"{r['self_ms_per_call']:.2f}", f"{r['share']:.0%}", f"{r['calls_per_step']:.0f}"]
-                    for r in p["top"]
-                ],
-            )
+    return out
+
+
+def _load_and_failures(data: dict[str, Any], h: str) -> list[str]:
+    """The machine's load average (why IQRs are reported) and the configurations that were skipped or failed."""
+    rows, hw = data["rows"], data["env"].get("hardware", {})
+    out: list[str] = []
     la, lb = data.get("load_average_start"), data.get("load_average_end")
     if la:
         out.append("")
@@ -413,19 +415,34 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
             + f" — on {hw.get('cpu_count')} logical CPUs; other processes share them, which is why IQRs are reported."
         )
     bad = [r for r in rows if r.get("status") != "ok"]
-    out.append("")
-    out.append(f"{h}# Skipped and failed configurations")
-    out.append("")
+    out += ["", f"{h}# Skipped and failed configurations", ""]
     if not bad:
-        out.append("None.")
-    else:
-        out += _table(
-            ["method", "n", "mode", "status", "why"],
-            [
-                [f"`{r['label']}`", str(r["n"]), r["mode"], r["status"], str(r.get("note") or r.get("error") or "")]
-                for r in bad
-            ],
-        )
+        return [*out, "None."]
+    return out + table(
+        ["method", "n", "mode", "status", "why"],
+        [
+            [f"`{r['label']}`", str(r["n"]), r["mode"], r["status"], str(r.get("note") or r.get("error") or "")]
+            for r in bad
+        ],
+    )
+
+
+def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> str:
+    """bench.md: the run's setup, the computed targets, each mode's tables and plots, the profiles, the failures."""
+    rows, summ, s = data["rows"], data["summary"], data["settings"]
+    ns = sorted({r["n"] for r in rows})
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    out = [f"{h} Attention benchmark (`python -m lra_bench.bench`)", "", *_setup_lines(data, ns), ""]
+    out.append(f"{h}# Targets (computed; mode {s['targets'].get('mode')})")
+    out.append("")
+    out += table(
+        ["target", "threshold", "verdict", "detail"],
+        [[t["target"], t["threshold"], f"**{t['verdict']}**", t["detail"]] for t in summ["targets"]],
+    )
+    for mode in modes:
+        out += _mode_lines(data, mode, h, img_dir)
+    out += _profile_lines(data.get("profiles") or [], h)
+    out += _load_and_failures(data, h)
     return "\n".join(out) + "\n"
 
 

@@ -30,10 +30,12 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lra_bench.reports.markdown import table
 from lra_bench.runtime import prepare_process
 
 if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle threads sleep, freed memory stays
@@ -152,6 +154,51 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _network(cfg: Any, device: torch.device, dropout: str) -> torch.nn.Module:
+    """The protocol's network on `device`; `dropout="native"` swaps its dropouts for torch's `nn.Dropout` (to
+    measure what `models.dropout` changed)."""
+    model = faithful_network(cfg).to(device)
+    if dropout == "native":
+        from models.dropout import Dropout
+
+        for module in model.modules():
+            if isinstance(module, Dropout):
+                module.forward = torch.nn.Dropout.forward.__get__(module)  # type: ignore[method-assign]
+    return model
+
+
+def _timed(call: Callable[[int], None], warmup: int, count: int, device: torch.device) -> list[float]:
+    """Wall-clock seconds of `call(i)` for i = warmup … warmup + count − 1, after `warmup` untimed calls, each
+    bracketed by a device sync (so a GPU's queued work is counted in the call that queued it)."""
+    times = []
+    for i in range(warmup + count):
+        sync(device)
+        start = time.perf_counter()
+        call(i)
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _optimizer(model: torch.nn.Module, cfg: Any) -> tuple[Any, Any]:
+    """The protocol's AdamW and its learning-rate scheduler, as training builds them."""
+    from lra_bench.run.module import adamw_with_schedule
+
+    optim = adamw_with_schedule(model.parameters(), dict(cfg.optim), int(cfg.trainer.max_steps))
+    optimizer, schedule = optim["optimizer"], optim["lr_scheduler"]
+    return optimizer, schedule["scheduler"] if isinstance(schedule, dict) else schedule
+
+
+def _protocol_hours(cfg: Any, step_s: float, eval_s: float) -> float:
+    """The whole protocol projected from one step and one evaluation batch: max_steps steps plus every
+    evaluation's limit_val_batches batches."""
+    max_steps = int(cfg.trainer.max_steps)
+    evaluations = max_steps // int(cfg.trainer.val_check_interval)
+    val_batches = int(cfg.trainer.limit_val_batches)
+    return (max_steps * step_s + evaluations * val_batches * eval_s) / 3600
+
+
 def time_protocol(
     task: str,
     attn: str,
@@ -170,21 +217,12 @@ def time_protocol(
     from torch.utils.flop_counter import FlopCounterMode
 
     from lra_bench.bench.machine import matmul_rate
-    from lra_bench.run.module import adamw_with_schedule
 
     cfg = protocol_config(task, attn, protocol, list(extra or []))
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
-    model = faithful_network(cfg).to(device)
-    if dropout == "native":
-        from models.dropout import Dropout
-
-        for module in model.modules():
-            if isinstance(module, Dropout):
-                module.forward = torch.nn.Dropout.forward.__get__(module)  # type: ignore[method-assign]
-    optim = adamw_with_schedule(model.parameters(), dict(cfg.optim), int(cfg.trainer.max_steps))
-    optimizer, schedule = optim["optimizer"], optim["lr_scheduler"]
-    scheduler = schedule["scheduler"] if isinstance(schedule, dict) else schedule
+    model = _network(cfg, device, dropout)
+    optimizer, scheduler = _optimizer(model, cfg)
     precision = str(cfg.trainer.get("precision", "32-true"))
     batch_size = int(cfg.data.batch_size)
     gen = torch.Generator().manual_seed(0)
@@ -205,33 +243,20 @@ def time_protocol(
         step(batches[0])
     flops = counted_flops(counter.get_flop_counts()["Global"])
     load = os.getloadavg()[0]
-    times = []
-    for i in range(warmup + steps):
-        sync(device)
-        start = time.perf_counter()
-        step(batches[i % 2])
-        sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
+    times = _timed(lambda i: step(batches[i % 2]), warmup, steps, device)
     model.eval()
     eval_size = int(cfg.data.get("eval_batch_size") or batch_size)
     eval_batch = {k: v.to(device) for k, v in random_batch(cfg, eval_size, gen).items()}
-    eval_times = []
+
+    def evaluate(_: int) -> None:
+        with autocast(precision, device):
+            model(eval_batch)
+
     with torch.no_grad():
-        for i in range(1 + eval_batches):
-            sync(device)
-            start = time.perf_counter()
-            with autocast(precision, device):
-                model(eval_batch)
-            sync(device)
-            if i:
-                eval_times.append(time.perf_counter() - start)
+        eval_times = _timed(evaluate, 1, eval_batches, device)
     rate = rate or matmul_rate(device)["flops_per_s"]
     step_s, eval_s = statistics.median(times), statistics.median(eval_times)
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s, step_s, step_s]
-    max_steps = int(cfg.trainer.max_steps)
-    evaluations = max_steps // int(cfg.trainer.val_check_interval)
-    val_batches = int(cfg.trainer.limit_val_batches)
     return StepTiming(
         attn=attn if dropout == "packed" else f"{attn} ({dropout} dropout)",
         task=task,
@@ -247,7 +272,7 @@ def time_protocol(
         matmul_flops_per_s=rate,
         limit_s=flops / rate,
         ratio=step_s / (flops / rate),
-        protocol_h=(max_steps * step_s + evaluations * val_batches * eval_s) / 3600,
+        protocol_h=_protocol_hours(cfg, step_s, eval_s),
         threads=torch.get_num_threads(),
         device=str(device),
         load_1m=(load + os.getloadavg()[0]) / 2,
@@ -256,18 +281,22 @@ def time_protocol(
 
 def markdown(rows: list[StepTiming]) -> list[str]:
     """The table docs/results.md carries (one row per attention and precision)."""
-    lines = [
-        "| attention | precision | FLOPs/step | matmul-limit time | step | step / limit | eval batch "
-        "| whole protocol | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|",
+    header = ["attention", "precision", "FLOPs/step", "matmul-limit time", "step", "step / limit", "eval batch"]
+    body = [
+        [
+            r.attn,
+            r.precision,
+            f"{r.flops_step / 1e9:.1f} G",
+            f"{r.limit_s:.2f} s",
+            f"{r.step_s:.2f} s (IQR {r.step_spread_s:.2f}, {r.steps_timed} steps)",
+            f"{r.ratio:.2f}×",
+            f"{r.eval_batch_s:.2f} s",
+            f"{r.protocol_h:.2f} h",
+            f"{r.load_1m:.1f}",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.attn} | {r.precision} | {r.flops_step / 1e9:.1f} G | {r.limit_s:.2f} s "
-            f"| {r.step_s:.2f} s (IQR {r.step_spread_s:.2f}, {r.steps_timed} steps) | {r.ratio:.2f}× "
-            f"| {r.eval_batch_s:.2f} s | {r.protocol_h:.2f} h | {r.load_1m:.1f} |"
-        )
-    return lines
+    return table([*header, "whole protocol", "load (1 min)"], body)
 
 
 def shown_command(argv: list[str]) -> str:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from lra_bench.compare.pairing import Comparison, Efficiency, TaskComparison
 from lra_bench.compare.sides import Side
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
+from lra_bench.reports.markdown import table
 from lra_bench.stats.paired import MCNEMAR, SIGN_FLIP, T_TEST, WELCH, PairedResult
 from lra_bench.stats.speed import MIN_TIMED_STEPS, TOO_FEW, UNMEASURED, SpeedRatio
 from lra_bench.stats.verdict import METHOD_SEEDS, significant, verdict
@@ -188,12 +189,9 @@ def _efficiency_line(task: str, eff: Efficiency, level: float) -> str:
     return f"- {task_label(task)}: " + ("; ".join(parts) if parts else "not measured")
 
 
-def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str], Table, list[str]]:
-    """The report as (lines before the main table, the main table, lines after it): markdown renders the table as
-    a pipe table (`render_markdown`), a terminal as a rich table (`print_report`)."""
-    c = comparison
-    names = [t.task for t in c.tasks]
-    level = round(100 * c.level)
+def _intro_lines(c: Comparison, names: list[str], level: int) -> list[str]:
+    """The title, the two sides, what was checked to make them comparable and how to read the numbers; a warning
+    when a task has one seed."""
     out = [
         f"# compare: {c.a.label} vs {c.b.label}",
         "",
@@ -218,6 +216,11 @@ def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str]
             f"(seed noise of 1–3 pp is not covered). Run ≥ {METHOD_SEEDS} seeds per method to compare the methods.",
             "",
         ]
+    return out
+
+
+def _main_table(c: Comparison, level: int) -> Table:
+    """One row per task (and the average over tasks): accuracies, Δ with its interval and test, efficiency ratios."""
     header = [
         "task",
         "seeds",
@@ -250,7 +253,12 @@ def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str]
         body.append(
             _row(f"average ({len(c.tasks)} tasks)", c.average.n_seeds, acc, c.average, None, c.average_efficiency, "")
         )
-    before, out = out, ["", "## Verdicts", ""]
+    return Table(header, body)
+
+
+def _verdict_lines(c: Comparison, names: list[str], alpha: float) -> list[str]:
+    """The verdicts per task and on average, and how many survive Holm's correction when several were tested."""
+    out = ["", "## Verdicts", ""]
     out += [f"- {task_verdict(c, t, alpha)}" for t in c.tasks]
     if c.average is not None:
         out.append(f"- {verdict(c.a.label, c.b.label, average_label(names), c.average, alpha, c.level)}")
@@ -264,6 +272,16 @@ def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str]
             f"{alpha * len(tested):.2f} would come out significant on the raw p. {raw} did; {kept} stay significant "
             "after Holm's correction (the *Holm p* column), and the task verdicts above decide on the Holm p.",
         ]
+    return out
+
+
+def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str], Table, list[str]]:
+    """The report as (lines before the main table, the main table, lines after it): markdown renders the table as
+    a pipe table (`render_markdown`), a terminal as a rich table (`print_report`)."""
+    c = comparison
+    names = [t.task for t in c.tasks]
+    level = round(100 * c.level)
+    out = _verdict_lines(c, names, alpha)
     out += ["", "## Efficiency (measured in the same runs)", ""]
     out += [_efficiency_line(t.task, t.efficiency, c.level) for t in c.tasks]
     average_speed = c.average_efficiency[0]
@@ -272,14 +290,13 @@ def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str]
     notes = _notes(c)
     if notes:
         out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
-    return before, Table(header, body), out
+    return _intro_lines(c, names, level), _main_table(c, level), out
 
 
 def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
-    before, table, after = report_parts(comparison, alpha)
-    pipe = ["| " + " | ".join(table.header) + " |", "|" + "|".join("---" for _ in table.header) + "|"]
-    pipe += ["| " + " | ".join(row) + " |" for row in table.body]
-    return "\n".join([*before, *pipe, *after]) + "\n"
+    """The report as markdown: the main table as a pipe table between its surrounding lines."""
+    before, main, after = report_parts(comparison, alpha)
+    return "\n".join([*before, *table(main.header, main.body), *after]) + "\n"
 
 
 def print_report(comparison: Comparison, alpha: float = 0.05, console: Any = None) -> None:
@@ -288,10 +305,10 @@ def print_report(comparison: Comparison, alpha: float = 0.05, console: Any = Non
     from rich.table import Table as RichTable
 
     console = console or Console(highlight=False)
-    before, table, after = report_parts(comparison, alpha)
+    before, main, after = report_parts(comparison, alpha)
     console.print("\n".join(before).rstrip(), markup=False)
-    drawn = RichTable(*table.header, header_style="bold")
-    for row in table.body:
+    drawn = RichTable(*main.header, header_style="bold")
+    for row in main.body:
         drawn.add_row(*row)
     console.print(drawn)
     console.print("\n".join(after).rstrip(), markup=False)

@@ -27,6 +27,15 @@ MARKDOWN, CSV, WIDE_CSV = "leaderboard.md", "leaderboard.csv", "leaderboard_wide
 REPRODUCED_CSV = "leaderboard_reproduced.csv"
 
 
+def _task_plots(rows: list[dict], out: Path) -> list[Path]:
+    """One accuracy plot per task, `leaderboard_<task>.png` in `out`, tasks in the leaderboard's order."""
+    paths = []
+    for task in sorted({r["task"] for r in rows}, key=data.task_order):
+        task_rows = [r for r in rows if r["task"] == task]
+        paths.append(render.plot_task(out / f"leaderboard_{task}.png", task, task_rows))
+    return paths
+
+
 def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = None, plots: bool = True) -> dict:
     """Collect, aggregate and write every output; return their paths and the rows.
 
@@ -56,12 +65,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     published = data.published_wide_rows(published_rows)
     verdicts = reproduced.reproductions(wide, published)
 
-    plot_paths: list[Path] = []
-    if plots:
-        tasks = sorted({r["task"] for r in rows}, key=data.task_order)
-        for task in tasks:
-            task_rows = [r for r in rows if r["task"] == task]
-            plot_paths.append(render.plot_task(out / f"leaderboard_{task}.png", task, task_rows))
+    plot_paths = _task_plots(rows, out) if plots else []
     charts, chart_notes = pareto.build_charts(rows, wide, out, plots)
     sections = [*render.uncertainty_section(wide), *pareto.pareto_section(charts, chart_notes)]
 

@@ -30,6 +30,7 @@ from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.aggregate import method_label
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.leaderboard.uncertainty import ERROR_BARS
+from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -282,14 +283,18 @@ def pareto_section(charts: Sequence[Chart], notes: Sequence[str]) -> list[str]:
         out += [f"### {chart.title}", ""]
         if chart.path is not None:
             out += [f"![{chart.path.stem}]({chart.path.name})", ""]
-        out += ["| method | speed vs full | accuracy (%) | 95% CI | " + chart.memory_label + " | frontier |"]
-        out += ["|---|---|---|---|---|---|"]
-        for p in sorted(chart.points, key=lambda p: -p.speed):
-            ci = f"{p.ci[0]:.2f} – {p.ci[1]:.2f}" if p.ci else "—"
-            mem = f"{p.memory:.2f}" if chart.target == "avg5" else f"{p.memory:,.0f}"
-            out.append(
-                f"| {p.method} | {p.speed:.2f}× | {p.accuracy:.2f} | {ci} | {mem} | {'★' if p.on_frontier else ''} |"
-            )
+        body = [
+            [
+                p.method,
+                f"{p.speed:.2f}×",
+                f"{p.accuracy:.2f}",
+                f"{p.ci[0]:.2f} – {p.ci[1]:.2f}" if p.ci else "—",
+                f"{p.memory:.2f}" if chart.target == "avg5" else f"{p.memory:,.0f}",
+                "★" if p.on_frontier else "",
+            ]
+            for p in sorted(chart.points, key=lambda p: -p.speed)
+        ]
+        out += table(["method", "speed vs full", "accuracy (%)", "95% CI", chart.memory_label, "frontier"], body)
         out += ["", f"Pareto frontier: {', '.join(p.method for p in chart.frontier)}.", ""]
     out += [f"- {n}" for n in notes]
     return out + ([""] if notes else [])

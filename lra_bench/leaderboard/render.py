@@ -15,6 +15,7 @@ from lra_bench.diagnostics import LOCALITY_WINDOWS
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
+from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -94,15 +95,6 @@ def _acc(mean: float | None, std: float | None) -> str:
     return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    def clean(cell: Any) -> str:
-        return str(cell).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(clean(c) for c in row) + " |" for row in rows]
-    return lines
-
-
 def _wide_cells(row: dict[str, Any]) -> list[str]:
     failed = set(filter(None, str(row.get("failed_tasks") or "").split(",")))
     cells = []
@@ -135,29 +127,35 @@ def _wide_table(rows: Sequence[dict[str, Any]], deviations: bool = False) -> lis
         mark = MARKS.get(str(row.get("conformance")), "")
         cells = [f"{row['method']}{row.get('flag') or ''}{mark}", source, *_wide_cells(row)]
         body.append(cells + ([str(row.get("deviations") or "—").replace(",", ", ")] if deviations else []))
-    return _md_table(header, body)
+    return table(header, body, escape=True)
 
 
-def render_markdown(
-    dirs: Sequence[str],
-    n_files: int,
-    rows: Sequence[dict[str, Any]],
-    wide: Sequence[dict[str, Any]],
-    published: Sequence[dict[str, Any]],
-    sources: dict[str, dict[str, Any]],
-    failures: Sequence[dict[str, Any]],
-    unreadable: Sequence[dict[str, str]],
-    superseded: Sequence[dict[str, Any]],
-    plots: Sequence[Path],
-    sections: Sequence[str] = (),
-    evaluations: Sequence[dict[str, Any]] = (),
-    reproductions: Sequence[dict[str, Any]] = (),
-    baselines: Sequence[dict[str, Any]] = (),
-) -> str:
-    """The whole `leaderboard.md`: summary by protocol (with `reproductions`, `reproduced.reproductions`' verdicts,
-    beside each protocol's published rows, and `baselines`, `locality.best_local_rows`, beside its methods),
-    `sections` (markdown lines: uncertainty, Pareto), published rows, groups, failures, bad files."""
-    out = [
+GROUP_HEADER = (
+    "protocol",
+    "task",
+    "attn",
+    "selector",
+    "landmarks / window",
+    "variant",
+    "protocol kept",
+    "pretraining",
+    "n",
+    "seeds",
+    "test acc",
+    "val acc",
+    "step (ms, median)",
+    "tokens/s",
+    "peak mem (MiB)",
+    "params",
+    "device",
+    "attn distance (exact)",
+    "mass ≤ " + "/".join(str(w) for w in LOCALITY_WINDOWS),
+)
+
+
+def _intro_lines(dirs: Sequence[str], n_files: int) -> list[str]:
+    """The page's title and what its numbers mean (inputs, accuracy, spread, published rows, confidence)."""
+    return [
         "# LRA leaderboard",
         "",
         f"From {n_files} `results.json` file(s) under: {', '.join(f'`{d}`' for d in dirs)}.",
@@ -173,25 +171,33 @@ def render_markdown(
         "`*` on Avg-6: Path-X counted as 50. `✗`: failed or unfinished (ours) / FAIL (published). `—`: not run.",
         "",
     ]
-    if baselines:
-        out += [LOCALITY_NOTE, ""]
-    protocols = sorted({str(r["protocol"]) for r in wide})
-    for protocol in protocols:
-        mine = [*wide, *baselines]
-        ours = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") == "on"]
-        apart = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
-        beside = [r for r in published if str(r["protocol"]) == protocol]
-        out += [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
-        out += reproduction_block(protocol, reproductions)
-        if apart:  # never beside a published row without its mark: in a table of their own
-            out += [f"#### protocol: {protocol} — not comparable", "", NOT_COMPARABLE, ""]
-            out += [*_wide_table(apart, deviations=True), ""]
-    if not protocols:
-        out += ["(no completed runs)", ""]
-    out += list(sections)
 
+
+def _protocol_lines(
+    protocol: str,
+    mine: Sequence[dict[str, Any]],
+    published: Sequence[dict[str, Any]],
+    reproductions: Sequence[dict[str, Any]],
+) -> list[str]:
+    """One protocol's summary: our on-protocol rows beside the published ones, its reproductions' verdicts, and
+    the off-protocol runs in a table of their own."""
+    ours = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") == "on"]
+    apart = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
+    beside = [r for r in published if str(r["protocol"]) == protocol]
+    out = [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
+    out += reproduction_block(protocol, reproductions)
+    if apart:  # never beside a published row without its mark: in a table of their own
+        out += [f"#### protocol: {protocol} — not comparable", "", NOT_COMPARABLE, ""]
+        out += [*_wide_table(apart, deviations=True), ""]
+    return out
+
+
+def _published_lines(
+    sources: dict[str, dict[str, Any]], published: Sequence[dict[str, Any]], protocols: list[str]
+) -> list[str]:
+    """The published tables of the protocols our runs followed, each with its citation and notes; the others named."""
     shown = [src for src in sources.values() if src.get("protocol") in protocols]  # the protocols our runs followed
-    out += ["## Published reference rows (not ours)", "", CONVENTIONS, ""]
+    out = ["## Published reference rows (not ours)", "", CONVENTIONS, ""]
     if not shown:
         out += ["(none for the protocols of these runs)", ""]
     for src in shown:
@@ -215,69 +221,59 @@ def render_markdown(
     if others:
         out += [f"Published tables of other protocols, not shown: {', '.join(others)} (all of them: "
                 "`leaderboard_wide.csv`, `lra_bench/leaderboard/published.json`).", ""]  # fmt: skip
+    return out
 
-    out += ["## All groups (one experiment each: runs that differ only in their seed)", ""]
-    header = [
-        "protocol",
-        "task",
-        "attn",
-        "selector",
-        "landmarks / window",
-        "variant",
-        "protocol kept",
-        "pretraining",
-        "n",
-        "seeds",
-        "test acc",
-        "val acc",
-        "step (ms, median)",
-        "tokens/s",
-        "peak mem (MiB)",
-        "params",
-        "device",
-        "attn distance (exact)",
-        "mass ≤ " + "/".join(str(w) for w in LOCALITY_WINDOWS),
-    ]
-    body = [
-        [
-            r["protocol"],
-            TASK_LABELS.get(r["task"], r["task"]),
-            r["attn"],
-            r["selector"] or "—",
-            f"w={r['window']}" if r.get("window") is not None else _num(r["rank_budget"], "{}"),
-            r.get("variant") or "—",
-            _kept(r),
-            r["pretraining"],
-            r["n"],
-            r["seeds"],
-            _acc(r["test_acc_mean"], r["test_acc_std"]),
-            _acc(r["val_acc_mean"], r["val_acc_std"]),
-            _num(r["step_time_median_ms"], "{:.1f}"),
-            _num(r["tokens_per_s"], "{:,.0f}"),
-            _num(r["peak_memory_mib"], "{:,.0f}"),
-            _num(r["params"], "{:,}"),
-            r["device"],
-            _reach_distance(r),
-            _reach_mass(r),
-        ]
-        for r in rows
-    ]
-    out += [*(_md_table(header, body) if body else ["(no completed runs)"]), *variant_legend(rows), ""]
 
-    out += [f"## Failed or unfinished runs ({len(failures)})", ""]
+def _group_row(r: dict[str, Any]) -> list[Any]:
+    """One experiment group's cells in GROUP_HEADER's order."""
+    return [
+        r["protocol"],
+        TASK_LABELS.get(r["task"], r["task"]),
+        r["attn"],
+        r["selector"] or "—",
+        f"w={r['window']}" if r.get("window") is not None else _num(r["rank_budget"], "{}"),
+        r.get("variant") or "—",
+        _kept(r),
+        r["pretraining"],
+        r["n"],
+        r["seeds"],
+        _acc(r["test_acc_mean"], r["test_acc_std"]),
+        _acc(r["val_acc_mean"], r["val_acc_std"]),
+        _num(r["step_time_median_ms"], "{:.1f}"),
+        _num(r["tokens_per_s"], "{:,.0f}"),
+        _num(r["peak_memory_mib"], "{:,.0f}"),
+        _num(r["params"], "{:,}"),
+        r["device"],
+        _reach_distance(r),
+        _reach_mass(r),
+    ]
+
+
+def _bookkeeping_lines(
+    failures: Sequence[dict[str, Any]],
+    unreadable: Sequence[dict[str, str]],
+    superseded: Sequence[dict[str, Any]],
+    evaluations: Sequence[dict[str, Any]],
+) -> list[str]:
+    """What is in no table above: failed or unfinished runs, unreadable records, superseded runs, evaluations."""
+    out = [f"## Failed or unfinished runs ({len(failures)})", ""]
     if failures:
         body = [
             [f["output_dir"], f["status"], f["task"], f["attn"], f["selector"] or "—", f["seed"], f["reason"]]
             for f in failures
         ]
-        out += _md_table(["output dir", "status", "task", "attn", "selector", "seed", "reason"], body)
+        out += table(["output dir", "status", "task", "attn", "selector", "seed", "reason"], body, escape=True)
     else:
         out.append("None.")
     out += ["", f"## Unreadable records ({len(unreadable)})", ""]
-    out += _md_table(["path", "reason"], [[u["path"], u["reason"]] for u in unreadable]) if unreadable else ["None."]
+    out += (
+        table(["path", "reason"], [[u["path"], u["reason"]] for u in unreadable], escape=True)
+        if unreadable
+        else ["None."]
+    )
     if superseded:
         out += ["", "## Superseded runs (same fingerprint and seed; the newest completed run is kept)", ""]
-        out += _md_table(["dropped", "seed", "kept"], [[s["path"], s["seed"], s["kept"]] for s in superseded])
+        out += table(["dropped", "seed", "kept"], [[s["path"], s["seed"], s["kept"]] for s in superseded], escape=True)
     if evaluations:
         out += ["", f"## Evaluated checkpoints ({len(evaluations)}; not training runs, in no table above)", ""]
         body = [
@@ -293,7 +289,45 @@ def render_markdown(
             ]
             for e in evaluations
         ]
-        out += _md_table(["output dir", "status", "task", "attn", "checkpoint", "step", "test acc", "error"], body)
+        out += table(
+            ["output dir", "status", "task", "attn", "checkpoint", "step", "test acc", "error"], body, escape=True
+        )
+    return out
+
+
+def render_markdown(
+    dirs: Sequence[str],
+    n_files: int,
+    rows: Sequence[dict[str, Any]],
+    wide: Sequence[dict[str, Any]],
+    published: Sequence[dict[str, Any]],
+    sources: dict[str, dict[str, Any]],
+    failures: Sequence[dict[str, Any]],
+    unreadable: Sequence[dict[str, str]],
+    superseded: Sequence[dict[str, Any]],
+    plots: Sequence[Path],
+    sections: Sequence[str] = (),
+    evaluations: Sequence[dict[str, Any]] = (),
+    reproductions: Sequence[dict[str, Any]] = (),
+    baselines: Sequence[dict[str, Any]] = (),
+) -> str:
+    """The whole `leaderboard.md`: summary by protocol (with `reproductions`, `reproduced.reproductions`' verdicts,
+    beside each protocol's published rows, and `baselines`, `locality.best_local_rows`, beside its methods),
+    `sections` (markdown lines: uncertainty, Pareto), published rows, groups, failures, bad files."""
+    out = _intro_lines(dirs, n_files)
+    if baselines:
+        out += [LOCALITY_NOTE, ""]
+    protocols = sorted({str(r["protocol"]) for r in wide})
+    for protocol in protocols:
+        out += _protocol_lines(protocol, [*wide, *baselines], published, reproductions)
+    if not protocols:
+        out += ["(no completed runs)", ""]
+    out += list(sections)
+    out += _published_lines(sources, published, protocols)
+    out += ["## All groups (one experiment each: runs that differ only in their seed)", ""]
+    body = [_group_row(r) for r in rows]
+    out += [*(table(GROUP_HEADER, body, escape=True) if body else ["(no completed runs)"]), *variant_legend(rows), ""]
+    out += _bookkeeping_lines(failures, unreadable, superseded, evaluations)
     if plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(out) + "\n"
@@ -382,7 +416,7 @@ def _interval_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         ]
         for r in rows
     ]
-    return _md_table(header, body)
+    return table(header, body, escape=True)
 
 
 def uncertainty_section(wide: Sequence[dict[str, Any]]) -> list[str]:
@@ -433,7 +467,7 @@ def _reproduction_table(entries: Sequence[dict[str, Any]]) -> list[str]:
                 e["verdict"],
             ]
         )
-    return _md_table(header, body)
+    return table(header, body, escape=True)
 
 
 def reproduction_block(protocol: str, entries: Sequence[dict[str, Any]]) -> list[str]:

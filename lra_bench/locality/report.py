@@ -16,6 +16,7 @@ from typing import Any
 
 from scipy import stats
 
+from lra_bench.reports.markdown import table
 from lra_bench.stats.summary import t_interval
 
 PLOT = "locality.png"
@@ -117,15 +118,21 @@ def render_markdown(study: dict[str, Any], h: str = "#", img_dir: str = ".") -> 
         "attention (and, in brackets, of the exact softmax of the same queries and keys); *mass ≤ 16*: the share of "
         "attention within 16 tokens.",
         "",
-        "| attention | test acc (%) | val acc (%) | seeds | distance (exact) | mass ≤ 16 |",
-        "|---|---|---|---|---|---|",
     ]
-    for e in summary:
-        failed = f" ({e['failed']} failed)" if e["failed"] else ""
-        lines.append(
-            f"| `{e['label']}` | {_acc_cell(e)} | {_pct(e['val_mean'])} | {e['n']}{failed} | "
-            f"{_num(e['attn_distance'])} ({_num(e['attn_distance_exact'])}) | {_num(e['mass_within_16'], '{:.2f}')} |"
-        )
+    lines += table(
+        ["attention", "test acc (%)", "val acc (%)", "seeds", "distance (exact)", "mass ≤ 16"],
+        [
+            [
+                f"`{e['label']}`",
+                _acc_cell(e),
+                _pct(e["val_mean"]),
+                f"{e['n']}" + (f" ({e['failed']} failed)" if e["failed"] else ""),
+                f"{_num(e['attn_distance'])} ({_num(e['attn_distance_exact'])})",
+                _num(e["mass_within_16"], "{:.2f}"),
+            ]
+            for e in summary
+        ],
+    )
     lines += ["", *reading(study), ""]
     if study.get("plot"):
         lines += [f"![accuracy against window]({img_dir}/{study['plot']})", ""]

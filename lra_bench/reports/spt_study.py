@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.record.provenance import environment
+from lra_bench.reports.markdown import table
 
 REPO = Path(__file__).resolve().parents[1]
 #: the small ListOps of the study (few labels; everything else is the harness's normal path)
@@ -174,30 +175,42 @@ def render_markdown(study: dict[str, Any], h: str = "#") -> str:
         "checkpoint, mean ± sample std over seeds; Δ = spt − scratch, paired by seed. A deliberately small study "
         "(2 shared CPU cores): read it as a measurement of this setting, not of LRA-scale training.",
         "",
-        "| attention | scratch | spt | Δ (mean) | Δ per seed | seeds |",
-        "|---|---|---|---|---|---|",
     ]
-    for e in study["summary"]:
-        per_seed = ", ".join(f"{100 * d:+.1f}" for d in e["diff_per_seed"]) or "—"
-        diff = f"{100 * e['diff_mean']:+.1f}" if e["diff_mean"] is not None else "—"
-        lines.append(
-            f"| `{e['attn']}` | {_pct(e['scratch_mean'], e['scratch_std'])} | {_pct(e['spt_mean'], e['spt_std'])} "
-            f"| {diff} | {per_seed} | {e['spt_n']} |"
-        )
+    lines += table(
+        ["attention", "scratch", "spt", "Δ (mean)", "Δ per seed", "seeds"],
+        [
+            [
+                f"`{e['attn']}`",
+                _pct(e["scratch_mean"], e["scratch_std"]),
+                _pct(e["spt_mean"], e["spt_std"]),
+                f"{100 * e['diff_mean']:+.1f}" if e["diff_mean"] is not None else "—",
+                ", ".join(f"{100 * d:+.1f}" for d in e["diff_per_seed"]) or "—",
+                e["spt_n"],
+            ]
+            for e in study["summary"]
+        ],
+    )
     diffs = [d for e in study["summary"] for d in e["diff_per_seed"]]
     if diffs:
         wins = sum(d > 0 for d in diffs)
         lines += ["", f"SPT above scratch in {wins} of {len(diffs)} paired (attention, seed) runs."]
     lines += ["", "Per run (test / val accuracy %, the pretraining stage's masked-token accuracy on its hold-out):", ""]
-    lines += [
-        "| attention | arm | seed | test | val | best step | masked acc | wall (s) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in study["rows"]:
-        lines.append(
-            f"| `{r['attn']}` | {r['arm']} | {r['seed']} | {_pct(r['test_acc'])} | {_pct(r['val_acc'])} | "
-            f"{r['best_step']} | {_pct(r['pretrain_masked_acc'])} | {r['wall_s']} |"
-        )
+    lines += table(
+        ["attention", "arm", "seed", "test", "val", "best step", "masked acc", "wall (s)"],
+        [
+            [
+                f"`{r['attn']}`",
+                r["arm"],
+                r["seed"],
+                _pct(r["test_acc"]),
+                _pct(r["val_acc"]),
+                r["best_step"],
+                _pct(r["pretrain_masked_acc"]),
+                r["wall_s"],
+            ]
+            for r in study["rows"]
+        ],  # fmt: skip
+    )
     hw = study["env"]["hardware"]
     lines += [
         "",
