@@ -95,3 +95,24 @@ def test_a_claim_is_one_line_and_a_reduction_past_minus_100_percent_is_a_ratio()
         "Â = 0) (reached with the other solves: training: 2/2)"
     )
     assert "\n" not in line
+
+
+def test_a_run_made_elsewhere_is_named_by_the_folder_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bench run made in another checkout records that checkout's absolute path; the page and the JSON beside it
+    name the folder they were rendered from, relative to the repository (no path of the machine that made it)."""
+    import argparse
+    import json
+
+    from lra_bench.reports import results_doc
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(results_doc, "refresh", lambda kind, data: data)  # the summaries are not what is tested
+    run = tmp_path / "outputs" / "results" / "bench"
+    run.mkdir(parents=True)
+    made = {**_bench(["gpa/m=16"], [1024], [1024]), "output_dir": "/another/checkout/outputs/results/bench"}
+    (run / "bench.json").write_text(json.dumps(made))
+    loaded = results_doc.load_runs(argparse.Namespace(bench=run, approx=None), tmp_path / "img")
+    results_doc.write_tables(loaded["bench"], None, tmp_path / "docs" / "results")
+    assert "- benchmark: `outputs/results/bench`" in "\n".join(results_doc.inputs_section(loaded["bench"], None))
+    beside = json.loads((tmp_path / "docs" / "results" / "bench.json").read_text())
+    assert beside["output_dir"] == "outputs/results/bench"

@@ -43,6 +43,11 @@ def shown_path(path: str) -> str:
         return path
 
 
+def _share(value: Any) -> str:
+    """A stored accuracy as a reader reads it (4 decimals; the JSON beside the page keeps every digit)."""
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) -> list[str]:
     """What this document was computed from: the two runs (command, commit, load) and the trained checkpoint."""
     out = ["## Inputs", ""]
@@ -66,7 +71,8 @@ def inputs_section(bench: dict[str, Any] | None, approx: dict[str, Any] | None) 
             if not info:
                 continue
             what = (
-                f"checkpoint `{info.get('ckpt')}` (step {info.get('global_step')}, val acc {info.get('run_val_acc')}, "
+                f"checkpoint `{info.get('ckpt')}` (step {info.get('global_step')}, "
+                f"val acc {_share(info.get('run_val_acc'))}, "
                 f"majority share {info.get('run_majority_share')})"
                 if info.get("ckpt")
                 else f"the same architecture freshly initialised (seed {info.get('init_seed')})"
@@ -224,6 +230,9 @@ def load_runs(args: argparse.Namespace, img_dir: Path) -> dict[str, Any]:
         if folder is None:
             continue
         data = json.loads((folder / name).read_text())
+        # named by the folder this page read it from (it may have been made in another checkout or on another
+        # machine, whose absolute path means nothing to a reader), relative to the repository when below it
+        data["output_dir"] = shown_path(str(folder))
         for png in data.get("plots", []):
             shutil.copy2(folder / png, img_dir / png)
         loaded[key] = refresh(key, data)
