@@ -383,7 +383,11 @@ def _digest(resolved: Any) -> str:
 def validate(cfg: DictConfig) -> None:
     """Every check above, in order; the first failure is one `ConfigError` line. Leaves the component nodes typed
     (`check_components`) and remembers the config as accepted (`validate_once`)."""
-    digest = _digest(check_resolvable(cfg))
+    _check_resolved(cfg, _digest(check_resolvable(cfg)))
+
+
+def _check_resolved(cfg: DictConfig, digest: str) -> None:
+    """The checks after `check_resolvable`, then `digest` (of the resolved config) remembered as accepted."""
     check_components(cfg)
     check_rules(cfg)
     check_paths(cfg)
@@ -406,7 +410,8 @@ def validate_once(cfg: DictConfig) -> None:
     config is checked once; an equal config means equal answers (the checks read the values, the paths and the
     importable callback targets, none of which a run changes before its stage starts).
     """
-    if _digest(check_resolvable(cfg)) in _ACCEPTED:
+    digest = _digest(check_resolvable(cfg))  # resolved once, whichever way it goes
+    if digest in _ACCEPTED:
         check_components(cfg)
         return
-    validate(cfg)
+    _check_resolved(cfg, digest)
