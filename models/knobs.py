@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import field, fields
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 Config = TypeVar("Config")
 
@@ -29,6 +29,19 @@ def knobs(schema: type[Config], params: Mapping[str, Any]) -> Config:
     """An instance of `schema` from config values by name: a missing knob takes its dataclass default, and keys
     that are not knobs are ignored."""
     return schema(**knob_values(schema, params))
+
+
+class NamedByConfig:
+    """A component named by its config dataclass: a subclass that declares `config` gets `name = config.name`, so
+    the option name is written once, in the dataclass (and `lra_bench.registry` finds the class by its own name)."""
+
+    name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        config = cls.__dict__.get("config")
+        if config is not None:
+            cls.name = str(config.name)
 
 
 def follows_run_seed() -> Any:

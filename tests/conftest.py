@@ -79,6 +79,19 @@ TINY_LISTOPS = [
 ]
 
 
+def resumable_tiny_listops(max_steps: int) -> list[str]:
+    """`TINY_LISTOPS` on a schedule a resume can be checked against: `max_steps` steps, a validation (and with it
+    last.ckpt) every 6 steps, a periodic checkpoint every 5, deterministic kernels."""
+    return [
+        *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval"))],
+        f"trainer.max_steps={max_steps}",
+        "trainer.val_check_interval=6",
+        "callbacks.checkpoint_every_n_steps=5",
+        "trainer.deterministic=true",
+        "optim.lr=1e-3",
+    ]
+
+
 def run_cli(
     args: list[str],
     tmp_path: Path,

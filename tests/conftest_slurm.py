@@ -34,6 +34,17 @@ def local_slurm() -> Iterator[LocalSlurm]:
     yield from slurm_cluster_or_skip()
 
 
+def sweep_overrides(sweep: Path) -> list[str]:
+    """The launcher limits and outputs every SLURM sweep test gives its master: 20-minute jobs signalled 30 s before
+    the limit, the sweep in `sweep`, no leaderboard plots."""
+    return [
+        "hydra.launcher.timeout_min=20",
+        "hydra.launcher.signal_delay_s=30",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.callbacks.leaderboard.plots=false",
+    ]
+
+
 def job_env(cluster: LocalSlurm, tmp_path: Path) -> dict[str, str]:
     """The environment for a `run.py -m ... hydra/launcher=slurm` master on `cluster`: its SLURM_CONF, W&B offline
     into tmp_path, one thread, unbuffered output."""

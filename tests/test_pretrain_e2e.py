@@ -9,26 +9,16 @@ import pytest
 
 from lra_bench.record.identity import config_identity, fingerprint
 from tests.conftest import (
-    TINY_LISTOPS,
     checkpoint_step,
     fault,
     kill_at_checkpoint,
     max_weight_difference,
+    resumable_tiny_listops,
     run_cli,
     run_record,
 )
 
-SPT_ARGS = [
-    *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval"))],
-    "experiment=spt/listops",
-    "attn=full",
-    "spt.pretrain.trainer.max_steps=12",
-    "trainer.max_steps=12",
-    "trainer.val_check_interval=6",
-    "callbacks.checkpoint_every_n_steps=5",
-    "trainer.deterministic=true",
-    "optim.lr=1e-3",
-]
+SPT_ARGS = [*resumable_tiny_listops(12), "experiment=spt/listops", "attn=full", "spt.pretrain.trainer.max_steps=12"]
 
 
 @pytest.fixture(scope="module")

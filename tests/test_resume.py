@@ -17,11 +17,11 @@ import torch
 
 from tasks.base import ResumableSampler
 from tests.conftest import (
-    TINY_LISTOPS,
     checkpoint_step,
     fault,
     kill_at_checkpoint,
     max_weight_difference,
+    resumable_tiny_listops,
     run_cli,
     run_record,
 )
@@ -85,15 +85,9 @@ def test_sampler_without_trainer_follows_set_epoch() -> None:
 
 
 # -- end to end -----------------------------------------------------------------------------------------------------
-RESUME_ARGS = [
-    *[a for a in TINY_LISTOPS if not a.startswith(("trainer.max_steps", "trainer.val_check_interval"))],
-    "attn=nystrom",
-    "trainer.max_steps=24",  # 8 batches per epoch: three epochs
-    "trainer.val_check_interval=6",  # last.ckpt after validations at 6, 12, 18, 24
-    "callbacks.checkpoint_every_n_steps=5",  # and periodically at 5, 10, 15, 20
-    "trainer.deterministic=true",
-    "optim.lr=1e-3",
-]
+# 24 steps of 8 batches per epoch: three epochs; last.ckpt after validations at 6, 12, 18, 24 and periodically at
+# 5, 10, 15, 20
+RESUME_ARGS = [*resumable_tiny_listops(24), "attn=nystrom"]
 
 
 @pytest.fixture(scope="module")

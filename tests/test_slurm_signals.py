@@ -70,10 +70,7 @@ def test_scontrol_requeue_saves_at_the_signal_and_resumes_from_that_step(
         *_example_local_config(tmp_path),
         "++cluster.cpus_per_task=1",  # sized to the 2-core test node
         "++cluster.mem_gb=1",
-        "hydra.launcher.timeout_min=20",
-        "hydra.launcher.signal_delay_s=30",
-        f"hydra.sweep.dir={sweep}",
-        "hydra.callbacks.leaderboard.plots=false",
+        *conftest_slurm.sweep_overrides(sweep),
     ]
     env = conftest_slurm.job_env(local_slurm, tmp_path)
     log_path = tmp_path / "master.log"

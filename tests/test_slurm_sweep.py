@@ -126,10 +126,7 @@ def test_slurm_sweep_requeue_resume_and_failure(local_slurm, tmp_path: Path, mon
         "hydra.launcher.gpus_per_node=null",
         "hydra.launcher.cpus_per_task=1",
         "hydra.launcher.mem_gb=null",
-        "hydra.launcher.timeout_min=20",
-        "hydra.launcher.signal_delay_s=30",
-        f"hydra.sweep.dir={sweep}",
-        "hydra.callbacks.leaderboard.plots=false",
+        *conftest_slurm.sweep_overrides(sweep),
     ]
     env = conftest_slurm.job_env(local_slurm, tmp_path)
     log_path = tmp_path / "master.log"

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 from lra_bench.reports.numbers import ratio_text
 
@@ -303,9 +304,5 @@ def plot(data: dict[str, Any], out_dir: Path) -> list[str]:
         rows = [a for a in agg if a["source"] == source and a["m"] is not None]
         fig, axes = plt.subplots(1, len(PANELS), figsize=(22, 5), sharey=True)
         draw_source(axes, rows, source)
-        fig.tight_layout()
-        name = f"approx_{source}.png"
-        fig.savefig(out_dir / name, dpi=100)
-        plt.close(fig)
-        written.append(name)
+        written.append(save_figure(fig, out_dir / f"approx_{source}.png", dpi=100).name)
     return written

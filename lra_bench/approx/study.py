@@ -212,18 +212,16 @@ def evaluate(
                     with torch.no_grad():
                         nominal = rank_budget(module, n)
                         pair_fn = getattr(module, "target_pair", None)
-                        if callable(pair_fn):
+                        if callable(pair_fn):  # a method that approximates its own target, not softmax
                             target, estimate = (t[0, 0].double() for t in pair_fn(q_in, k_in, None))
-                            r = effective_rank(module, nominal, 0, 0)
-                            row.update(
-                                target="own",
-                                rank_budget=r,
-                                rank_budget_nominal=nominal,
-                                matrix_residual=dg.matrix_residual(target, estimate),
-                                output_residual=dg.output_residual(target, estimate, inst.v),
-                                ey_floor=None,
-                                ey_ratio=None,
-                            )
+                            r = effective_rank(module, nominal, 0, 0)  # after the call: some keep a rank per call
+                            kind = "own"
+                            fit = {
+                                "matrix_residual": dg.matrix_residual(target, estimate),
+                                "output_residual": dg.output_residual(target, estimate, inst.v),
+                                "ey_floor": None,
+                                "ey_ratio": None,
+                            }
                         else:
                             if method.solve == "oracle":
                                 a_hat = oracle_matrix(module, q_in, k_in, a)
@@ -232,17 +230,16 @@ def evaluate(
                             r = effective_rank(module, nominal, 0, 0)
                             err = dg.fro(a - a_hat)
                             floor = dg.eckart_young_floor(sigma, r) if r is not None else 0.0
-                            row.update(
-                                target="softmax",
-                                rank_budget=r,
-                                rank_budget_nominal=nominal,
-                                matrix_residual=dg.ratio(err, norm_a),
-                                output_residual=dg.output_residual(a, a_hat, inst.v),
-                                ey_floor=dg.ratio(floor, norm_a),
-                                ey_floor_abs=floor,
-                                error_abs=err,
-                                ey_ratio=err / floor if floor > dg.RATIO_UNDEFINED * norm_a else None,
-                            )
+                            kind = "softmax"
+                            fit = {
+                                "matrix_residual": dg.ratio(err, norm_a),
+                                "output_residual": dg.output_residual(a, a_hat, inst.v),
+                                "ey_floor": dg.ratio(floor, norm_a),
+                                "ey_floor_abs": floor,
+                                "error_abs": err,
+                                "ey_ratio": err / floor if floor > dg.RATIO_UNDEFINED * norm_a else None,
+                            }
+                        row.update(target=kind, rank_budget=r, rank_budget_nominal=nominal, **fit)
                     finite = row["matrix_residual"] is not None and math.isfinite(row["matrix_residual"])
                     row["status"] = "ok" if finite else "nonfinite"
                     row["worse_than_zero"] = bool(finite and row["matrix_residual"] >= 1.0)

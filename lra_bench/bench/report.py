@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.bench.stats import loglog_slope
+from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 
 MODES = ("forward", "forward_backward")
@@ -488,9 +489,5 @@ def plot(rows: list[dict[str, Any]], out_dir: Path, slope_range: tuple[int, int]
                 ax.set_title(f"{metric}, {mode}, m={m}")
                 ax.grid(True, which="both", alpha=0.3)
                 ax.legend(fontsize=7)
-            fig.tight_layout()
-            name = f"{metric}_{mode}.png"
-            fig.savefig(out_dir / name, dpi=110)
-            plt.close(fig)
-            written.append(name)
+            written.append(save_figure(fig, out_dir / f"{metric}_{mode}.png").name)
     return written

@@ -149,65 +149,56 @@ def run_sweep(
 ) -> list[dict[str, Any]]:
     """Every (n, variant, mode) row; Ctrl-C raises `SweepStopped` with the rows measured before it."""
     rows: list[dict[str, Any]] = []
-    at = ["the first configuration"]
+    at = "the first configuration"
+
+    def sweep() -> None:
+        """Append each configuration's rows to `rows` once it is measured; `at` names the current one."""
+        nonlocal at
+        history: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        dead: dict[str, str] = {}  # label → why larger n are skipped
+        isolate = bool(cfg.isolate)
+        for n in sorted(int(x) for x in cfg.seq_lens):
+            for variant in variants:
+                at = f"n={n}, {variant.label}"
+                spec = spec_for(variant, n, cfg, device, threads)
+                base = {k: spec[k] for k in ("label", "attn", "kind", "selector", "m", "m_value", "B", "H", "d", "n")}
+                base.update(device=spec["device"], isolated=isolate, default_selector=variant.default_selector)
+                plan: dict[str, dict[str, Any]] = {}
+                for mode in spec["modes"]:
+                    est, source = estimate_bytes(spec, mode, history.get((variant.label, mode), []))
+                    row = {**base, "mode": mode, "mem_estimate_bytes": est, "mem_estimate_source": source}
+                    if variant.label in dead:
+                        row.update(status="skipped", note=dead[variant.label])
+                    elif est is not None and est > budget_bytes:
+                        row.update(
+                            status="skipped",
+                            note=f"estimated {est / 2**30:.1f} GiB ({source}) > budget {budget_bytes / 2**30:.1f} GiB",
+                        )
+                    plan[mode] = row
+                todo = [mode for mode, row in plan.items() if "status" not in row]
+                elapsed = 0.0
+                if todo:
+                    spec["modes"] = todo
+                    started = time.perf_counter()
+                    result = run_isolated(spec, float(cfg.timeout_s)) if isolate else worker.measure(spec)
+                    elapsed = time.perf_counter() - started
+                    for mode in todo:
+                        plan[mode].update(result.get(mode, {"status": "error", "error": "no result"}))
+                        if plan[mode]["status"] == "timeout":
+                            dead[variant.label] = f"skipped: timed out at n={n}"
+                for mode, row in plan.items():
+                    attach_costs(row, spec, mode, matmul_rate)
+                    if row.get("status") == "ok":
+                        history.setdefault((variant.label, mode), []).append((n, float(row["peak_mem_bytes"])))
+                    rows.append(row)  # kept before it is reported: a Ctrl-C after the line below never loses it
+                if todo:
+                    log(f"[bench] n={n:>6} {variant.label:<40} {_brief(plan, todo)}  ({elapsed:.1f} s)")
+
     try:
-        _sweep_into(rows, at, variants, cfg, device, threads, budget_bytes, matmul_rate, log)
+        sweep()
     except KeyboardInterrupt as stop:
-        raise SweepStopped(rows, at[0]) from stop
+        raise SweepStopped(rows, at) from stop
     return rows
-
-
-def _sweep_into(
-    rows: list[dict[str, Any]],
-    at: list[str],
-    variants: list[Variant],
-    cfg: Any,
-    device: torch.device,
-    threads: int,
-    budget_bytes: float,
-    matmul_rate: float | None,
-    log: Any,
-) -> None:
-    """The sweep, appending each configuration's rows to `rows` once it is measured; `at[0]` names the current one."""
-    history: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    dead: dict[str, str] = {}  # label → why larger n are skipped
-    isolate = bool(cfg.isolate)
-    for n in sorted(int(x) for x in cfg.seq_lens):
-        for variant in variants:
-            at[0] = f"n={n}, {variant.label}"
-            spec = spec_for(variant, n, cfg, device, threads)
-            base = {k: spec[k] for k in ("label", "attn", "kind", "selector", "m", "m_value", "B", "H", "d", "n")}
-            base.update(device=spec["device"], isolated=isolate, default_selector=variant.default_selector)
-            plan: dict[str, dict[str, Any]] = {}
-            for mode in spec["modes"]:
-                est, source = estimate_bytes(spec, mode, history.get((variant.label, mode), []))
-                row = {**base, "mode": mode, "mem_estimate_bytes": est, "mem_estimate_source": source}
-                if variant.label in dead:
-                    row.update(status="skipped", note=dead[variant.label])
-                elif est is not None and est > budget_bytes:
-                    row.update(
-                        status="skipped",
-                        note=f"estimated {est / 2**30:.1f} GiB ({source}) > budget {budget_bytes / 2**30:.1f} GiB",
-                    )
-                plan[mode] = row
-            todo = [mode for mode, row in plan.items() if "status" not in row]
-            elapsed = 0.0
-            if todo:
-                spec["modes"] = todo
-                started = time.perf_counter()
-                result = run_isolated(spec, float(cfg.timeout_s)) if isolate else worker.measure(spec)
-                elapsed = time.perf_counter() - started
-                for mode in todo:
-                    plan[mode].update(result.get(mode, {"status": "error", "error": "no result"}))
-                    if plan[mode]["status"] == "timeout":
-                        dead[variant.label] = f"skipped: timed out at n={n}"
-            for mode, row in plan.items():
-                attach_costs(row, spec, mode, matmul_rate)
-                if row.get("status") == "ok":
-                    history.setdefault((variant.label, mode), []).append((n, float(row["peak_mem_bytes"])))
-                rows.append(row)  # kept before it is reported: a Ctrl-C after the line below never loses it
-            if todo:
-                log(f"[bench] n={n:>6} {variant.label:<40} {_brief(plan, todo)}  ({elapsed:.1f} s)")
 
 
 def _brief(plan: dict[str, dict[str, Any]], todo: list[str]) -> str:

@@ -316,18 +316,16 @@ def method_label(
     return label
 
 
-def _averages(cells: Mapping[str, float | None]) -> tuple[float | None, float | None, bool]:
-    """5-task average (LRA convention) and 6-task average with Path-X failed/absent = 50 (S4/Mega).
-
-    Both need all five other tasks; the flag says whether Path-X was counted as 50.
-    """
+def average_columns(cells: Mapping[str, float | None]) -> dict[str, Any]:
+    """A wide row's averages: `avg5`, the 5-task average (LRA convention), and `avg6`, the 6-task average with
+    Path-X failed/absent = 50 (S4/Mega). Both need all five other tasks; `pathx_counted_as_50` says whether Path-X
+    was counted as 50 (None without averages)."""
     five = [score for t in FIVE_TASKS if (score := cells.get(t)) is not None]
     if len(five) < len(FIVE_TASKS):
-        return None, None, False
+        return {"avg5": None, "avg6": None, "pathx_counted_as_50": None}
     pathx = cells.get("pathx")
-    counted_as_fail = pathx is None
     avg6 = statistics.fmean([*five, PATHX_FAIL_SCORE if pathx is None else pathx])
-    return statistics.fmean(five), avg6, counted_as_fail
+    return {"avg5": statistics.fmean(five), "avg6": avg6, "pathx_counted_as_50": pathx is None}
 
 
 def _wide_key(row: dict[str, Any], methods: dict[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, ...]:
@@ -365,7 +363,6 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
     out = []
     for key in sorted(methods, key=lambda k: tuple(str(x) for x in k)):
         entry = methods[key]
-        avg5, avg6, pathx_as_fail = _averages(entry["cells"])
         tag = f" ⟨{key[len(WIDE_KEYS)]}⟩" if len(key) > len(WIDE_KEYS) else ""  # a clash split off: its fingerprint
         named = dict(zip(WIDE_KEYS, key))
         out.append(
@@ -392,9 +389,7 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
                 "task_accuracies": dict(entry["accs"]),
                 # A task with no completed run but a failed/unfinished one shows as ✗, not as blank.
                 "failed_tasks": ",".join(t for t in TASKS if t in entry["failed"] and t not in entry["cells"]),
-                "avg5": avg5,
-                "avg6": avg6,
-                "pathx_counted_as_50": pathx_as_fail if avg6 is not None else None,
+                **average_columns(entry["cells"]),
                 "flag": "",
                 "note": "",
             }
@@ -407,7 +402,6 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
     out = []
     for row in published:
         cells = {t: float(v) for t, v in row.scores.items() if isinstance(v, (int, float))}
-        avg5, avg6, pathx_as_fail = _averages(cells)
         out.append(
             {
                 "kind": "published",
@@ -426,9 +420,7 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
                 **{f"{t}_std": None for t in TASKS},
                 **{f"{t}_n": None for t in TASKS},
                 "failed_tasks": ",".join(t for t, v in row.scores.items() if v == "FAIL"),
-                "avg5": avg5,
-                "avg6": avg6,
-                "pathx_counted_as_50": pathx_as_fail if avg6 is not None else None,
+                **average_columns(cells),
                 "avg_reported": row.avg_reported,
                 "peak_memory_mb": row.peak_memory_mb,
                 "flag": row.flag,

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from lra_bench.leaderboard.aggregate import _averages
+from lra_bench.leaderboard.aggregate import average_columns
 from lra_bench.leaderboard.published import TASKS
 
 #: the attention whose runs form the baseline
@@ -43,7 +43,6 @@ def best_local_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (protocol, conformance, pretraining), by_task in sorted(groups.items()):
         chosen = {task: min(candidates, key=_choice) for task, candidates in by_task.items()}
         cells = {task: row["test_acc_mean"] for task, row in chosen.items()}
-        avg5, avg6, pathx_as_fail = _averages(cells)
         deviations = {d for row in chosen.values() for d in str(row.get("deviations") or "").split(",") if d}
         out.append(
             {
@@ -64,9 +63,7 @@ def best_local_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 **{f"{t}_n": chosen[t]["n"] if t in chosen else None for t in TASKS},
                 **{f"{t}_window": chosen[t]["window"] if t in chosen else None for t in TASKS},
                 "failed_tasks": "",
-                "avg5": avg5,
-                "avg6": avg6,
-                "pathx_counted_as_50": pathx_as_fail if avg6 is not None else None,
+                **average_columns(cells),
                 "flag": "",
                 "note": "",
             }

@@ -30,6 +30,7 @@ from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.aggregate import method_label
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.leaderboard.uncertainty import ERROR_BARS
+from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
@@ -187,8 +188,7 @@ def average_charts(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]
 
 def plot(chart: Chart, path: Path) -> Path:
     """The bubble chart (`chart_figure`) as a PNG."""
-    chart_figure(chart).savefig(path, dpi=110)
-    return path
+    return save_figure(chart_figure(chart), path, tight=False)
 
 
 def chart_figure(chart: Chart) -> Figure:

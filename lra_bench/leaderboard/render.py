@@ -15,6 +15,7 @@ from lra_bench.diagnostics import LOCALITY_WINDOWS
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
+from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
@@ -356,8 +357,7 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]
 
 def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
     """Test accuracy against peak memory and against step time for one task (`task_figure`), as a PNG."""
-    task_figure(task, rows).savefig(path, dpi=110)
-    return path
+    return save_figure(task_figure(task, rows), path, tight=False)
 
 
 def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:

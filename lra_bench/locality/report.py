@@ -16,6 +16,7 @@ from typing import Any
 
 from scipy import stats
 
+from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 from lra_bench.stats.summary import t_interval
 
@@ -225,5 +226,5 @@ def plot(study: dict[str, Any], out_dir: Path) -> str | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(f"Locality study: {study['rows'][0].get('task')}")
-    fig.savefig(out_dir / PLOT, dpi=110)
+    save_figure(fig, out_dir / PLOT, tight=False)
     return PLOT

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from models.cost import Flops, Params, width_memory
-from models.knobs import knobs
+from models.knobs import NamedByConfig, knobs
 
 
-class Attention(nn.Module):
+class Attention(NamedByConfig, nn.Module):
     """Base class. A variant describes itself: its `name` and `config`, whether it takes a landmark selector
     (`takes_selector`, and `needs_token_landmarks` when its landmarks must be tokens), which config knob holds its
     rank budget (`rank_knob`), its cost model (`flops`, `memory`) and, per instance, the rank it spends
@@ -39,7 +39,7 @@ class Attention(nn.Module):
     rank_knob: ClassVar[str | None] = None
     #: how many n × m tensors a call keeps alive, in units of the rank budget m (the default memory estimate)
     memory_width: ClassVar[float] = 1.0
-    #: the `attn=` option name; a class with its own `name` is discovered by `lra_bench.registry`
+    #: the `attn=` option name, `config.name` (`NamedByConfig`); a class with its own `name` is registered
     name: ClassVar[str] = ""
     #: the config dataclass (`models.knobs`): `name` plus one field per knob, each default written there only; the
     #: constructor takes an instance of it (`cfg`), `flops`/`memory` read it, `conf/attn/<name>.yaml` is generated

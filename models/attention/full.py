@@ -41,7 +41,6 @@ def causal_key_mask(mask: torch.Tensor | None, n: int, device: torch.device) -> 
 
 
 class FullAttention(Attention):
-    name = FullConfig.name
     config = FullConfig
     supports_causal = True
 

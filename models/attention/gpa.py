@@ -38,7 +38,6 @@ class GPAConfig(NystromConfig):
 
 
 class GPAAttention(NystromAttention):
-    name = GPAConfig.name
     config = GPAConfig
     default_selector = "gpa"
 

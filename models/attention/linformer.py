@@ -30,7 +30,6 @@ class LinformerConfig:
 
 
 class LinformerAttention(Attention):
-    name = LinformerConfig.name
     config = LinformerConfig
     rank_knob = "proj_dim"
 

@@ -57,7 +57,6 @@ def band(c: int, window: int, causal: bool, device: torch.device) -> torch.Tenso
 
 
 class LocalAttention(Attention):
-    name = LocalConfig.name
     config = LocalConfig
     supports_causal = True
 

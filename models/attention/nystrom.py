@@ -61,7 +61,6 @@ class NystromKernels:
 
 
 class NystromAttention(LandmarkAttention):
-    name = NystromConfig.name
     config: ClassVar[type | None] = NystromConfig  # (GPA's subclass has its own)
     default_selector = "segment_means"
 

@@ -50,7 +50,6 @@ def gaussian_features(
 
 
 class PerformerAttention(Attention):
-    name = PerformerConfig.name
     config = PerformerConfig
     projection: torch.Tensor
     passes: torch.Tensor

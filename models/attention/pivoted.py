@@ -91,7 +91,6 @@ class BlockwiseLSE(torch.autograd.Function):
 
 
 class PivotedAttention(LandmarkAttention):
-    name = PivotedConfig.name
     config = PivotedConfig
     default_selector = "pivoted_qr"
 

@@ -58,7 +58,6 @@ def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 class PolynomialAttention(Attention):
-    name = PolynomialConfig.name
     config = PolynomialConfig
     upper: torch.Tensor
     index: torch.Tensor

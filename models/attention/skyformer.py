@@ -44,7 +44,6 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class SkyformerAttention(Attention):
-    name = SkyformerConfig.name
     config = SkyformerConfig
     rank_knob = "num_landmarks"
 

@@ -162,7 +162,6 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 
 class SpectralAttention(LandmarkAttention):
-    name = SpectralConfig.name
     config = SpectralConfig
     default_selector = "uniform"
 

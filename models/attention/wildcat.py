@@ -66,7 +66,6 @@ class WildcatConfig:
 
 
 class WildcatAttention(LandmarkAttention):
-    name = WildcatConfig.name
     config = WildcatConfig
     default_selector = "rpcholesky"
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from models.cost import Flops, Params
+from models.knobs import NamedByConfig
 
 
 @dataclass
@@ -82,10 +83,10 @@ def cluster_means(
     return means, counts
 
 
-class LandmarkSelector(nn.Module):
+class LandmarkSelector(NamedByConfig, nn.Module):
     """Base class: subclasses implement `select`. Held as a submodule so state (buffers) checkpoints."""
 
-    #: the `selector=` option name; a class with its own `name` is discovered by `lra_bench.registry`
+    #: the `selector=` option name, `config.name` (`NamedByConfig`); a class with its own `name` is registered
     name: ClassVar[str] = ""
     #: the config dataclass (`models.knobs`): `name` plus one field per knob, each default written there only; the
     #: constructor takes an instance of it (`cfg`), `flops` reads it, `conf/selector/<name>.yaml` is generated
@@ -94,9 +95,15 @@ class LandmarkSelector(nn.Module):
     token_landmarks: bool = False
 
     def __init__(self, cfg: Any = None) -> None:
-        """`cfg`: the selector's `config` instance; a subclass takes its knobs from it (one without knobs, e.g.
-        `segment_means`, leaves it to this class, which needs none)."""
+        """`cfg`: the selector's `config` instance (its defaults when None), handed to `configure`. The one
+        constructor of every selector, so that a selector states only what its knobs set up."""
         super().__init__()
+        if cfg is None and self.config is not None:
+            cfg = self.config()
+        self.configure(cfg)
+
+    def configure(self, cfg: Any) -> None:
+        """Take the knobs from `cfg`, the `config` instance (a selector without knobs has nothing to take)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, m: int) -> Landmarks:
         return self.select(q, k, broadcast_mask(mask, q), m)

@@ -70,7 +70,6 @@ class GPAConfig:
 
 
 class ProgressiveKMeansSelector(SeededSelector):
-    name = GPAConfig.name
     config = GPAConfig
     codebook: torch.Tensor
     codebook_valid: torch.Tensor
@@ -79,9 +78,8 @@ class ProgressiveKMeansSelector(SeededSelector):
 
     randomized = False
 
-    def __init__(self, cfg: GPAConfig | None = None) -> None:
-        cfg = cfg or GPAConfig()
-        super().__init__(cfg.seed)
+    def configure(self, cfg: GPAConfig) -> None:
+        super().configure(cfg)
         self.settings = kmeans_settings(cfg)
         if int(cfg.refresh_every) < 1:
             raise ValueError(f"selector.refresh_every={cfg.refresh_every}: must be >= 1 (1 = per-sequence k-means)")

@@ -39,7 +39,6 @@ class HashConfig:
 
 
 class HashSelector(LandmarkSelector):
-    name = HashConfig.name
     config = HashConfig
 
     token_landmarks = True

@@ -354,14 +354,12 @@ class KMeansConfig:
 
 
 class KMeansSelector(SeededSelector):
-    name = KMeansConfig.name
     config = KMeansConfig
 
     randomized = False  # data-driven: the seeding follows the data
 
-    def __init__(self, cfg: KMeansConfig | None = None) -> None:
-        cfg = cfg or KMeansConfig()
-        super().__init__(cfg.seed)
+    def configure(self, cfg: KMeansConfig) -> None:
+        super().configure(cfg)
         self.settings = kmeans_settings(cfg)
         self.last_iterations = 0  # Lloyd iterations of the last call (the slowest sequence/head)
 

@@ -27,14 +27,10 @@ class KMeansPPConfig:
 
 
 class KMeansPPSelector(SeededSelector):
-    name = KMeansPPConfig.name
     config = KMeansPPConfig
 
     token_landmarks = True
     randomized = False  # data-driven: D² sampling follows the data
-
-    def __init__(self, cfg: KMeansPPConfig | None = None) -> None:
-        super().__init__((cfg or KMeansPPConfig()).seed)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         b, h = q.shape[:2]

@@ -46,15 +46,13 @@ class LeverageConfig:
 
 
 class LeverageSelector(SeededSelector):
-    name = LeverageConfig.name
     config = LeverageConfig
 
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 
-    def __init__(self, cfg: LeverageConfig | None = None) -> None:
-        cfg = cfg or LeverageConfig()
-        super().__init__(cfg.seed)
+    def configure(self, cfg: LeverageConfig) -> None:
+        super().configure(cfg)
         self.ridge, self.sketch_rows = float(cfg.ridge), int(cfg.sketch_rows)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:

@@ -108,15 +108,13 @@ class PivotedQRConfig:
 
 
 class PivotedQRSelector(SeededSelector):
-    name = PivotedQRConfig.name
     config = PivotedQRConfig
 
     token_landmarks = True
     randomized = False  # data-driven (the randomness is only in the sketch)
 
-    def __init__(self, cfg: PivotedQRConfig | None = None) -> None:
-        cfg = cfg or PivotedQRConfig()
-        super().__init__(cfg.seed)
+    def configure(self, cfg: PivotedQRConfig) -> None:
+        super().configure(cfg)
         self.tol, self.sketch_rows = float(cfg.tol), int(cfg.sketch_rows)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:

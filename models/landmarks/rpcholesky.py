@@ -151,15 +151,13 @@ class RPCholeskyConfig:
 
 
 class RPCholeskySelector(SeededSelector):
-    name = RPCholeskyConfig.name
     config = RPCholeskyConfig
 
     token_landmarks = True
     randomized = False  # data-driven: the draws follow the kernel's residual
 
-    def __init__(self, cfg: RPCholeskyConfig | None = None) -> None:
-        cfg = cfg or RPCholeskyConfig()
-        super().__init__(cfg.seed)
+    def configure(self, cfg: RPCholeskyConfig) -> None:
+        super().configure(cfg)
         self.tau = check_tau(cfg.tau, "selector.tau")
         self.center, self.tol = bool(cfg.center), float(cfg.tol)
 

@@ -33,7 +33,6 @@ class SegmentMeansConfig:
 
 
 class SegmentMeans(LandmarkSelector):
-    name = SegmentMeansConfig.name
     config = SegmentMeansConfig
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:

@@ -36,9 +36,9 @@ class SeededSelector(LandmarkSelector):
     #: at inference, as its paper prescribes); data-driven selectors that merely sample a sketch set False
     randomized: bool = True
 
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        self.seed = int(seed)
+    def configure(self, cfg: Any) -> None:
+        """Every seeded selector's config has a `seed` knob (`follows_run_seed`)."""
+        self.seed = int(cfg.seed)
         self._train_generator = torch.Generator().manual_seed(self.seed)
 
     def uniform(self, shape: tuple[int, int, int], device: torch.device, stream: int = 0) -> torch.Tensor:
@@ -103,13 +103,9 @@ class UniformConfig:
 
 
 class UniformSelector(SeededSelector):
-    name = UniformConfig.name
     config = UniformConfig
 
     token_landmarks = True
-
-    def __init__(self, cfg: UniformConfig | None = None) -> None:
-        super().__init__((cfg or UniformConfig()).seed)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         idx, valid = sample_real_tokens(self, mask, q.shape[1], m)

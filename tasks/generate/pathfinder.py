@@ -108,56 +108,27 @@ _BACKTRACKS_PER_PADDLE = 4  # budget of undone rounds per target pair, per paddl
 _MIDDLE, _FIRST, _LAST, _ONLY = 0, 1, 2, 3
 
 # Per-resolution generator arguments (LRA `data/pathfinder.py` docstrings; defaults of snakes2 in brackets).
-_TABLE: dict[int, dict] = {
-    32: dict(
-        padding=1,
-        paddle_margin_list=(1,),
-        seed_distance=7,
-        marker_radius=1.5,
-        paddle_length=2,
-        paddle_thickness=0.5,
-        continuity=1.0,
-        distractor_budget=20,
-        snake_contrast_list=(2.0,),
-        paddle_contrast_list=(0.75,),
-    ),
-    64: dict(
-        padding=1,
-        paddle_margin_list=(1,),
-        seed_distance=12,
-        marker_radius=2.5,
-        paddle_length=5,
-        paddle_thickness=1,
-        continuity=1.8,
-        distractor_budget=22,
-        snake_contrast_list=(0.8,),
-        paddle_contrast_list=(1.0,),
-    ),
-    128: dict(
-        padding=1,
-        paddle_margin_list=(2, 3),
-        seed_distance=20,
-        marker_radius=3,
-        paddle_length=5,
-        paddle_thickness=1.5,
-        continuity=1.8,
-        distractor_budget=35,
-        snake_contrast_list=(0.9,),
-        paddle_contrast_list=(1.0,),
-    ),
-    256: dict(
-        padding=22,
-        paddle_margin_list=(3,),
-        seed_distance=27,
-        marker_radius=5,
-        paddle_length=5,
-        paddle_thickness=2,
-        continuity=1.8,
-        distractor_budget=30,
-        snake_contrast_list=(1.0,),
-        paddle_contrast_list=(1.0,),
-    ),
+_FIELDS = (
+    "padding",
+    "paddle_margin_list",
+    "seed_distance",
+    "marker_radius",
+    "paddle_length",
+    "paddle_thickness",
+    "continuity",
+    "distractor_budget",
+    "snake_contrast_list",
+    "paddle_contrast_list",
+)
+# fmt: off
+_ROWS: dict[int, tuple] = {  # one row per resolution, in the order of _FIELDS
+    32:  (1,  (1,),   7,  1.5, 2, 0.5, 1.0, 20, (2.0,), (0.75,)),
+    64:  (1,  (1,),   12, 2.5, 5, 1,   1.8, 22, (0.8,), (1.0,)),
+    128: (1,  (2, 3), 20, 3,   5, 1.5, 1.8, 35, (0.9,), (1.0,)),
+    256: (22, (3,),   27, 5,   5, 2,   1.8, 30, (1.0,), (1.0,)),
 }
+# fmt: on
+_TABLE: dict[int, dict] = {size: dict(zip(_FIELDS, row, strict=True)) for size, row in _ROWS.items()}
 
 
 def difficulty_dir(contour_length: int) -> str:
