@@ -33,6 +33,7 @@ from typing import Any
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import reproduction_interval, reproduction_verdict
 from lra_bench.registry import ATTENTIONS
+from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
 from lra_bench.reproduce import IN_PROGRESS, REPO
@@ -347,9 +348,7 @@ def plot(runs: list[Run], path: Path) -> None:
     ax.set_title("Every reproduction run (dashed: in progress)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

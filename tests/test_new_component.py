@@ -31,12 +31,10 @@ class ScaledDotConfig:
 class ScaledDotAttention(Attention):
     """Exact softmax attention at a temperature (a throwaway test component)."""
 
-    name = "scaled_dot"
     config = ScaledDotConfig
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: ScaledDotConfig | None = None) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        self.temperature = (cfg or ScaledDotConfig()).temperature
+    def configure(self, cfg: ScaledDotConfig) -> None:
+        self.temperature = cfg.temperature
 
     def forward(self, q, k, v, mask):
         keep = None if mask is None else mask[:, None, None, :]
@@ -60,7 +58,6 @@ class FirstTokensConfig:
 class FirstTokensSelector(LandmarkSelector):
     """The first m positions as landmarks (a throwaway test component)."""
 
-    name = "first_tokens"
     config = FirstTokensConfig
     token_landmarks = True
 

@@ -47,14 +47,25 @@ class Attention(NamedByConfig, nn.Module):
     #: whether the variant has an exact causal form (`set_causal(True)`), used by causal self-pretraining
     supports_causal: ClassVar[bool] = False
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: Any = None) -> None:
-        """`cfg`: the variant's `config` instance; a subclass takes its knobs from it (one without knobs may leave
-        it to this class, which needs none)."""
+    def __init__(
+        self, head_dim: int, num_heads: int, seq_len: int, cfg: Any = None, selector: nn.Module | None = None
+    ) -> None:
+        """The one constructor of every attention: the shared geometry, then `cfg` (the variant's `config`
+        instance, its defaults when None) handed to `configure`, where the variant reads its own knobs. `selector`:
+        the landmark selector of a variant that takes one (`takes_selector`), set before `configure` runs."""
         super().__init__()
         self.head_dim = head_dim
         self.num_heads = num_heads
         self.seq_len = seq_len
         self.causal = False
+        if selector is not None:
+            self.selector = selector
+        if cfg is None and self.config is not None:
+            cfg = self.config()
+        self.configure(cfg)
+
+    def configure(self, cfg: Any) -> None:
+        """Read the variant's knobs from `cfg`, its config dataclass (nothing to read by default)."""
 
     def set_causal(self, causal: bool) -> None:
         """Attend to keys j <= i only (True) or to every key (False); ValueError on a variant without a causal form."""

@@ -44,9 +44,8 @@ class FullAttention(Attention):
     config = FullConfig
     supports_causal = True
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: FullConfig | None = None) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        self.dropout = (cfg or FullConfig()).dropout
+    def configure(self, cfg: FullConfig) -> None:
+        self.dropout = cfg.dropout
 
     def _keys(self, q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
         return causal_key_mask(mask, q.shape[-2], q.device) if self.causal else key_mask(mask)

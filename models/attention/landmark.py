@@ -2,9 +2,10 @@
 
 Nyström, GPA, spectral, pivoted and WildCat each take a selector and `num_landmarks` (an int or `"log2"`) and
 report the rank they really used for the diagnostics (`last_rank [B, H]`: valid landmarks, kept pivots, …).
-The constructor is written once, here: it takes the shared geometry (`head_dim`, `num_heads`, `seq_len`), the
-`selector` and the variant's config dataclass (`cfg`, its class's `config()` when left out: each has its own
-`num_landmarks` default), and hands `cfg` to the variant's `configure`, where the variant reads its own knobs.
+The constructor is `Attention`'s, with the `selector` as a positional argument: the shared geometry (`head_dim`,
+`num_heads`, `seq_len`), the selector, and the variant's config dataclass (`cfg`, its class's `config()` when left
+out: each has its own `num_landmarks` default) handed to `configure`, where this class reads `num_landmarks` and the
+variant its own knobs.
 """
 
 from __future__ import annotations
@@ -26,21 +27,18 @@ class LandmarkAttention(Attention):
     #: `T(q, k) v` without forming T, in the variants that have one (pivoted, WildCat): `operator_matrix` uses it
     _operator: Callable[..., torch.Tensor]
 
+    selector: LandmarkSelector
+
     def __init__(
         self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, cfg: Any = None
     ) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        if cfg is None:
-            assert self.config is not None, f"{type(self).__name__} declares no config dataclass"
-            cfg = self.config()
-        self.selector = selector
-        self.num_landmarks: int | str = cfg.num_landmarks
-        self.last_rank: torch.Tensor | None = None
-        self.configure(cfg)
+        super().__init__(head_dim, num_heads, seq_len, cfg, selector=selector)
 
     def configure(self, cfg: Any) -> None:
-        """Read the variant's own knobs from its config dataclass (after the selector and `num_landmarks` are set,
-        so a variant may look at both); nothing to read by default."""
+        """The landmark count every variant has; a variant's own `configure` calls this first, so it may look at the
+        selector and `num_landmarks`."""
+        self.num_landmarks: int | str = cfg.num_landmarks
+        self.last_rank: torch.Tensor | None = None
 
     def rank_budget(self, seq_len: int) -> int:
         return resolve_num_landmarks(self.num_landmarks, seq_len)

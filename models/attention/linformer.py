@@ -33,15 +33,13 @@ class LinformerAttention(Attention):
     config = LinformerConfig
     rank_knob = "proj_dim"
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: LinformerConfig | None = None) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        cfg = cfg or LinformerConfig()
+    def configure(self, cfg: LinformerConfig) -> None:
         if int(cfg.proj_dim) < 1:
             raise ValueError(f"attn.proj_dim={cfg.proj_dim}: must be a positive integer")
         self.proj_dim = int(cfg.proj_dim)
         scale = math.sqrt(self.proj_dim)
-        self.proj_k = nn.Parameter(torch.randn(self.proj_dim, seq_len) / scale)
-        self.proj_v = None if cfg.share_kv else nn.Parameter(torch.randn(self.proj_dim, seq_len) / scale)
+        self.proj_k = nn.Parameter(torch.randn(self.proj_dim, self.seq_len) / scale)
+        self.proj_v = None if cfg.share_kv else nn.Parameter(torch.randn(self.proj_dim, self.seq_len) / scale)
 
     def rank_budget(self, seq_len: int) -> int:
         return min(self.proj_dim, seq_len)

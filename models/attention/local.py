@@ -60,9 +60,8 @@ class LocalAttention(Attention):
     config = LocalConfig
     supports_causal = True
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: LocalConfig | None = None) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        window = (cfg or LocalConfig()).window
+    def configure(self, cfg: LocalConfig) -> None:
+        window = cfg.window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"attn.window={window!r}: must be a positive integer (tokens on each side)")
         self.window = window

@@ -65,6 +65,7 @@ class NystromAttention(LandmarkAttention):
     default_selector = "segment_means"
 
     def configure(self, cfg: NystromConfig) -> None:
+        super().configure(cfg)
         if cfg.pinv not in PINVS:
             raise ValueError(f"attn.pinv={cfg.pinv!r}: expected one of {', '.join(PINVS)}")
         self.pinv = cfg.pinv

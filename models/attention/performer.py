@@ -55,9 +55,7 @@ class PerformerAttention(Attention):
     passes: torch.Tensor
     rank_knob = "num_features"
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: PerformerConfig | None = None) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        cfg = cfg or PerformerConfig()
+    def configure(self, cfg: PerformerConfig) -> None:
         if int(cfg.num_features) < 1:
             raise ValueError(f"attn.num_features={cfg.num_features}: must be a positive integer")
         self.num_features, self.redraw_every = int(cfg.num_features), int(cfg.redraw_every)

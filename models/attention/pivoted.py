@@ -99,6 +99,7 @@ class PivotedAttention(LandmarkAttention):
     memory_width = 4.0  # sketch rows ℓ = 2m, the residual copy, the columns
 
     def configure(self, cfg: PivotedConfig) -> None:
+        super().configure(cfg)
         if cfg.columns not in COLUMNS:
             raise ValueError(f"attn.columns={cfg.columns!r}: expected one of {', '.join(COLUMNS)}")
         self.ridge, self.sketch_rows = float(cfg.ridge), int(cfg.sketch_rows)

@@ -70,9 +70,7 @@ class PolynomialAttention(Attention):
         dim = d + (cfg.kind == "inhomogeneous")
         return math.comb(dim + int(cfg.degree) - 1, int(cfg.degree))
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: PolynomialConfig | None = None) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        cfg = cfg or PolynomialConfig()
+    def configure(self, cfg: PolynomialConfig) -> None:
         degree, kind = cfg.degree, cfg.kind
         if kind not in KINDS:
             raise ValueError(f"attn.kind={kind!r}: expected one of {', '.join(KINDS)}")
@@ -81,13 +79,13 @@ class PolynomialAttention(Attention):
                 f"attn.degree={degree}: expected an even degree >= 2 (odd degrees make the normaliser sign-indefinite)"
             )
         self.degree, self.kind, self.bias, self.qk_norm = int(degree), kind, float(cfg.bias), bool(cfg.qk_norm)
-        dim = head_dim + (kind == "inhomogeneous")
+        dim = self.head_dim + (kind == "inhomogeneous")
         index, weights = symmetric_features(dim, self.degree)
         if self.degree > 2:
             warnings.warn(
-                f"attn=polynomial degree={self.degree}: {len(weights)} features per head (head_dim={head_dim}); "
+                f"attn=polynomial degree={self.degree}: {len(weights)} features per head (head_dim={self.head_dim}); "
                 "memory and time grow as C(d+p-1, p) — cheaper than softmax only while that is below n",
-                stacklevel=2,
+                stacklevel=3,
             )
         upper = torch.triu_indices(dim, dim, offset=1)
         self.register_buffer("upper", upper[0] * dim + upper[1], persistent=False)  # degree 2's i < j pairs

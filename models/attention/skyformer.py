@@ -47,9 +47,7 @@ class SkyformerAttention(Attention):
     config = SkyformerConfig
     rank_knob = "num_landmarks"
 
-    def __init__(self, head_dim: int, num_heads: int, seq_len: int, cfg: SkyformerConfig | None = None) -> None:
-        super().__init__(head_dim, num_heads, seq_len)
-        cfg = cfg or SkyformerConfig()
+    def configure(self, cfg: SkyformerConfig) -> None:
         if cfg.pinv not in ("iterative", "exact"):
             raise ValueError(f"attn.pinv={cfg.pinv!r}: expected 'iterative' or 'exact'")
         if int(cfg.num_landmarks) < 2:

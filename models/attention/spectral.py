@@ -166,6 +166,7 @@ class SpectralAttention(LandmarkAttention):
     default_selector = "uniform"
 
     def configure(self, cfg: SpectralConfig) -> None:
+        super().configure(cfg)
         checks = (
             ("sample_rule", cfg.sample_rule, ("given", "formula")),
             ("affinity", cfg.affinity, AFFINITIES),

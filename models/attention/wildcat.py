@@ -74,6 +74,7 @@ class WildcatAttention(LandmarkAttention):
     memory_width = 2.0  # G_SK, X, the left factor, the pivoting factor F
 
     def configure(self, cfg: WildcatConfig) -> None:
+        super().configure(cfg)
         selector = self.selector
         self.tau = check_tau(cfg.tau, "attn.tau")
         self.center_keys, self.clamp_output = bool(cfg.center_keys), bool(cfg.clamp_output)
