@@ -32,6 +32,7 @@ class LandmarkAttention(Attention):
     def __init__(
         self, head_dim: int, num_heads: int, seq_len: int, selector: LandmarkSelector, cfg: Any = None
     ) -> None:
+        assert self.config is not None, f"{type(self).__name__} declares no config dataclass (its num_landmarks)"
         super().__init__(head_dim, num_heads, seq_len, cfg, selector=selector)
 
     def configure(self, cfg: Any) -> None:
