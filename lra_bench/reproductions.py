@@ -230,7 +230,9 @@ def runs_table(runs: list[Run]) -> list[str]:
             else (f"{_pct(best_val[1])} ({best_val[0]})" if best_val else "—")
         )
         hardware, runtime = env.get("hardware") or {}, env.get("runtime") or {}
-        machine = f"{hardware.get('cpu', '?')} ({hardware.get('cpu_count', '?')} CPUs), {runtime.get('threads', '?')}"
+        unit = f", {hardware['cpu_capability']}" if hardware.get("cpu_capability") else ""  # not in older records
+        cpus = f"{hardware.get('cpu_count', '?')} CPUs{unit}"
+        machine = f"{hardware.get('cpu', '?')} ({cpus}), {runtime.get('threads', '?')}"
         on = {False: "yes", True: "**no**", None: "unchecked"}[r.record.get("off_protocol")]
         status = "completed" if r.completed else "in progress (snapshot)"
         body.append(

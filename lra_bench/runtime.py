@@ -8,10 +8,17 @@ training step (`python -m lra_bench.bench.step`):
   `OMP_WAIT_POLICY=PASSIVE` makes them sleep. libgomp reads it once, when torch loads it, so `prepare_process`
   sets it (unless the environment already does) before anything imports torch.
 * **Freed memory is re-faulted.** glibc returns the top of the heap to the kernel on every large free (its trim
-  threshold) and serves allocations over its mmap threshold with fresh mappings, so each training step faulted
-  in its ~300k pages again (0.4 s of kernel time in a 1.65 s step). `keep_freed_memory` raises both thresholds
-  at start-up (`mallopt`, the same as `MALLOC_TRIM_THRESHOLD_` / `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TOP_PAD_` in
-  the environment): the heap keeps what it freed and the next step reuses it; the numbers are bitwise the same.
+  threshold) and serves every allocation of 32 MiB or more (its largest mmap threshold on 64-bit: a [32, 2, 2048,
+  64] fp32 tensor of Nyström's landmark weights, and every [B, H, n, 256] tensor of Linformer and Performer) with a
+  fresh mapping, so each training step faulted its pages in again (0.4 s of kernel time in a 1.65 s step).
+  `keep_freed_memory` sets at start-up (`mallopt`, the same as `MALLOC_TRIM_THRESHOLD_` / `MALLOC_TOP_PAD_` /
+  `MALLOC_MMAP_MAX_` in the environment): never trim, grow the heap 64 MiB at a time, and no mmap at all, so the
+  heap keeps what it freed and the next step reuses it; the numbers are bitwise the same. Without the last one a
+  32 MiB `torch.exp` took 40 ms instead of 16 (8,193 page faults per call), and a Performer layer's forward and
+  backward 3.4 s instead of 1.5 (AMD EPYC with AVX2, one thread). The price is resident memory: what the heap
+  keeps counts in a run's CPU peak (the resident set), 2.67 → 3.93 GiB for Performer's protocol step and
+  1.90 → 1.96 GiB for Nyström's; the attention benchmark's memory probes (`lra_bench.bench.memory`) trim the
+  heap before they measure and are unaffected.
 * **Threads follow the CPUs the process may use**: its affinity mask, capped by `SLURM_CPUS_PER_TASK` under
   SLURM (`usable_cpus`), unless `threads=N` (or `OMP_NUM_THREADS`) says otherwise.
 
@@ -27,10 +34,10 @@ import os
 import sys
 from typing import Any
 
-#: glibc mallopt parameters (malloc.h) and the values that keep freed memory in the heap: never trim, serve up
-#: to 32 MiB (glibc's largest mmap threshold on 64-bit) from the heap, grow the heap 64 MiB at a time
-MALLOPT = {"M_TRIM_THRESHOLD": (-1, 2**31 - 1), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_THRESHOLD": (-3, 32 << 20)}
-MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
+#: glibc mallopt parameters (malloc.h) and the values that keep freed memory in the heap: never trim, grow the heap
+#: 64 MiB at a time, serve every allocation from the heap (no mmap: glibc's mmap threshold stops at 32 MiB)
+MALLOPT = {"M_TRIM_THRESHOLD": (-1, 2**31 - 1), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_MAX": (-4, 0)}
+MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_")
 
 _applied: dict[str, Any] = {}
 

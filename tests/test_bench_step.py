@@ -104,6 +104,8 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
         ("gpa", "bf16-mixed"),
     ]
     assert all(r["threads"] == 1 for r in rows)
+    # the title names the vector unit the timings belong to (one CPU name covers AVX2 and AVX-512)
+    assert f"{torch.backends.cpu.get_cpu_capability()})" in payload["title"]
 
 
 def test_the_results_doc_carries_the_step_table_and_a_full_render_keeps_it(tmp_path: Path) -> None:

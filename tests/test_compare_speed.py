@@ -127,3 +127,24 @@ def test_speed_interval_covers_the_true_ratio() -> None:
     rate = covered / draws
     se = math.sqrt(0.95 * 0.05 / draws)
     assert 0.95 - 4 * se - 0.01 <= rate <= 0.95 + 4 * se + 0.01, rate
+
+
+def test_step_times_from_cpus_of_one_name_but_other_vector_units_are_not_compared() -> None:
+    """Virtual machines name Zen 3 and Zen 5 alike ("AMD EPYC"); torch runs AVX2 kernels on one and AVX-512 on the
+    other, so the record's hardware carries the CPU's identity and torch's capability, and a step-time ratio across
+    them is refused."""
+    import torch
+
+    from lra_bench.compare.pairing import efficiency
+    from lra_bench.record.provenance import hardware
+
+    here = hardware()
+    assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+    def record(capability: str) -> dict[str, Any]:
+        metrics = {"step_time_median_s": 1.0, "timed_steps": 200, "step_time_iqr_s": 0.05, "load_avg_1m": 0.1}
+        return {"metrics": metrics, "env": {"hardware": {**here, "cpu_capability": capability}}}
+
+    assert efficiency([record("AVX2")], [record("AVX2")]).comparable
+    apart = efficiency([record("AVX512")], [record("AVX2")])
+    assert not apart.comparable and "different hardware" in apart.note

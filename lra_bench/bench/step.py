@@ -299,6 +299,16 @@ def markdown(rows: list[StepTiming]) -> list[str]:
     return table([*header, "whole protocol", "load (1 min)"], body)
 
 
+def where(device: torch.device) -> str:
+    """The machine a timing belongs to: on a CPU its name, identity and the vector unit torch's kernels use (one
+    name covers CPUs whose timings differ: "AMD EPYC" with AVX2 or with AVX-512)."""
+    if device.type != "cpu":
+        return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    from lra_bench.record.provenance import cpu_identity, cpu_name
+
+    return f"cpu: {cpu_name()} ({cpu_identity()}, {torch.backends.cpu.get_cpu_capability()})"
+
+
 def shown_command(argv: list[str]) -> str:
     """The command that made a measurement, as a document shows it: pasteable, without where its JSON went (a path
     of the machine it ran on) or the title (which the document prints above it)."""
@@ -353,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         for d in args.dropout
     ]
     conditions = (
-        f"{args.task}, protocol {args.protocol}, on {device} — fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, "
+        f"{args.task}, protocol {args.protocol}, on {where(device)} — fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, "
         f"{torch.get_num_threads()} thread(s)"
     )
     print(conditions)

@@ -68,9 +68,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_identity() -> str | None:
+    """`family F model M stepping S` from /proc/cpuinfo (None elsewhere): virtual machines often name every AMD
+    EPYC generation alike ("AMD EPYC"), so the name alone cannot tell a Zen 3 from a Zen 5."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+    except OSError:
+        return None
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "cpu family" not in fields:
+        return None
+    return f"family {fields['cpu family']} model {fields.get('model', '?')} stepping {fields.get('stepping', '?')}"
+
+
 def hardware() -> dict[str, Any]:
+    """The machine a run's timings belong to. Two records compare their step times only when these are equal
+    (`compare`), so it holds what changes speed: the CPU's identity and the vector instructions torch's kernels
+    use (`cpu_capability`: AVX512, AVX2, …; machines sold under one name differ in it)."""
     info: dict[str, Any] = {
         "cpu": cpu_name(),
+        "cpu_id": cpu_identity(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,

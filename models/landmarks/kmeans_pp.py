@@ -15,7 +15,7 @@ from models.cost import Flops, Params
 from models.knobs import follows_run_seed
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32, kmeanspp_indices
-from models.landmarks.uniform import SeededSelector, token_landmarks
+from models.landmarks.uniform import DataDrivenTokenSelector, token_landmarks
 
 
 @dataclass
@@ -26,11 +26,8 @@ class KMeansPPConfig:
     seed: int = follows_run_seed()
 
 
-class KMeansPPSelector(SeededSelector):
-    config = KMeansPPConfig
-
-    token_landmarks = True
-    randomized = False  # data-driven: D² sampling follows the data
+class KMeansPPSelector(DataDrivenTokenSelector):
+    config = KMeansPPConfig  # D² sampling follows the data
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         b, h = q.shape[:2]

@@ -19,8 +19,8 @@ from models.cost import Flops, Params
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32
-from models.landmarks.pivoted_qr import sketch_rows_softmax, sketch_size
-from models.landmarks.uniform import SeededSelector, sample_real_tokens, token_landmarks, weighted_sample
+from models.landmarks.pivoted_qr import SketchedSelector, sketch_rows_softmax, sketch_size
+from models.landmarks.uniform import sample_real_tokens, token_landmarks, weighted_sample
 
 
 def ridge_leverage(a: torch.Tensor, ridge: float, m: int) -> torch.Tensor:
@@ -45,15 +45,12 @@ class LeverageConfig:
     seed: int = follows_run_seed()
 
 
-class LeverageSelector(SeededSelector):
+class LeverageSelector(SketchedSelector):
     config = LeverageConfig
-
-    token_landmarks = True
-    randomized = False  # data-driven (the randomness is only in the sketch)
 
     def configure(self, cfg: LeverageConfig) -> None:
         super().configure(cfg)
-        self.ridge, self.sketch_rows = float(cfg.ridge), int(cfg.sketch_rows)
+        self.ridge = float(cfg.ridge)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         b, h, n, _ = q.shape

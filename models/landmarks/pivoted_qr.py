@@ -15,6 +15,7 @@ the same sketch. Selectors receive q and k already scaled so that q·kᵀ are th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ from models.cost import Flops, Params
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks, gather_tokens
 from models.landmarks.kmeans import exact_fp32
-from models.landmarks.uniform import SeededSelector, sample_real_tokens, token_landmarks
+from models.landmarks.uniform import DataDrivenTokenSelector, sample_real_tokens, token_landmarks
 
 
 @dataclass
@@ -107,15 +108,21 @@ class PivotedQRConfig:
     seed: int = follows_run_seed()  # for the row sketch
 
 
-class PivotedQRSelector(SeededSelector):
-    config = PivotedQRConfig
+class SketchedSelector(DataDrivenTokenSelector):
+    """A selector that scores keys on a row sketch of softmax(QKᵀ): its generator only draws the sketch's query
+    rows (`sketch_rows` of them, 0 = 2·m; see `sketch_size`)."""
 
-    token_landmarks = True
-    randomized = False  # data-driven (the randomness is only in the sketch)
+    def configure(self, cfg: Any) -> None:
+        super().configure(cfg)
+        self.sketch_rows = int(cfg.sketch_rows)
+
+
+class PivotedQRSelector(SketchedSelector):
+    config = PivotedQRConfig
 
     def configure(self, cfg: PivotedQRConfig) -> None:
         super().configure(cfg)
-        self.tol, self.sketch_rows = float(cfg.tol), int(cfg.sketch_rows)
+        self.tol = float(cfg.tol)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         ell = sketch_size(self.sketch_rows, m, q.shape[-2])

@@ -41,7 +41,7 @@ from models.cost import Flops, Params
 from models.knobs import follows_run_seed
 from models.landmarks.base import Landmarks
 from models.landmarks.kmeans import exact_fp32
-from models.landmarks.uniform import SeededSelector, token_landmarks
+from models.landmarks.uniform import DataDrivenTokenSelector, token_landmarks
 
 #: the official temperature constant (microsoft/wildcat@93e0a28, `find_kernel_temperature`): τ² = ρ·‖k‖∞/‖q‖∞
 RHO = 3.94582
@@ -150,11 +150,8 @@ class RPCholeskyConfig:
     seed: int = follows_run_seed()
 
 
-class RPCholeskySelector(SeededSelector):
-    config = RPCholeskyConfig
-
-    token_landmarks = True
-    randomized = False  # data-driven: the draws follow the kernel's residual
+class RPCholeskySelector(DataDrivenTokenSelector):
+    config = RPCholeskyConfig  # the draws follow the kernel's residual
 
     def configure(self, cfg: RPCholeskyConfig) -> None:
         super().configure(cfg)

@@ -57,6 +57,15 @@ class SeededSelector(LandmarkSelector):
             self._train_generator.set_state(state["generator"].detach().to("cpu", torch.uint8))
 
 
+class DataDrivenTokenSelector(SeededSelector):
+    """A seeded selector whose landmarks are real tokens the data chooses (k-means++, RPCholesky, leverage,
+    pivoted QR): its draws are weighted by the data (D², residuals, leverage) or only pick a sketch's rows, so it
+    is not `randomized` (spectral attention keeps it at inference)."""
+
+    token_landmarks = True
+    randomized = False
+
+
 def weighted_sample(
     u: torch.Tensor, eligible: torch.Tensor, m: int, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,6 +73,7 @@ import bisect
 import collections
 import contextlib
 import functools
+import inspect
 import math
 import multiprocessing as mp
 from collections.abc import Callable, Iterator, Sequence
@@ -727,28 +728,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--out", required=True, type=Path, help="output root (gets pathfinder{res}/...)")
-    parser.add_argument("--resolution", type=int, default=32, choices=sorted(_TABLE))
-    parser.add_argument("--contour-length", type=int, default=14, help="6 = curv_baseline, 9, 14")
-    parser.add_argument("--num-images", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--images-per-folder", type=int, default=1000)
-    parser.add_argument("--write-masks", action="store_true", help="also write masks/<k>/sample_<i>.png")
-    parser.add_argument("--metadata-format", choices=("text", "npy"), default="text")
-    args = parser.parse_args(argv)
-    root = generate(
-        args.out,
-        args.resolution,
-        args.contour_length,
-        args.num_images,
-        args.seed,
-        args.workers,
-        images_per_folder=args.images_per_folder,
-        write_masks=args.write_masks,
-        metadata_format=args.metadata_format,
-        progress=True,
+    default = {name: param.default for name, param in inspect.signature(generate).parameters.items()}
+    parser.add_argument("--out", dest="out_dir", metavar="OUT", required=True, type=Path, help="output root")
+    parser.add_argument("--resolution", type=int, default=default["resolution"], choices=sorted(_TABLE))
+    parser.add_argument(
+        "--contour-length", type=int, default=default["contour_length"], help="6 (curv_baseline), 9 or 14"
     )
+    parser.add_argument("--num-images", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=default["seed"])
+    parser.add_argument("--workers", type=int, default=default["workers"])
+    parser.add_argument("--images-per-folder", type=int, default=default["images_per_folder"])
+    parser.add_argument("--write-masks", action="store_true", help="also write masks/<k>/sample_<i>.png")
+    parser.add_argument("--metadata-format", choices=("text", "npy"), default=default["metadata_format"])
+    root = generate(**vars(parser.parse_args(argv)), progress=True)  # the options are generate's parameters
     print(root)
     return 0
 
