@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -87,3 +88,24 @@ def test_speed_spread_and_load_are_recorded_and_merged_over_a_resumed_runs_segme
     assert m["load_avg_1m"] == pytest.approx(statistics.fmean(state["load_samples"]))
     assert isinstance(m["load_avg_1m"], float) and m["load_avg_1m"] >= 0
     assert all(key in m for key in ("timed_steps", "step_time_iqr_s", "load_avg_1m"))
+
+
+@pytest.mark.timeout(900)
+def test_a_run_resumed_on_another_machine_times_only_the_segment_on_this_one(tmp_path: Path) -> None:
+    """The record names one machine (`env.hardware`); a checkpoint's step times from another (here: the state
+    says so, as a checkpoint carried from an AVX-512 session to an AVX2 one would) are not merged into its median."""
+    args = [*TINY_LISTOPS, "attn=full", "trainer.max_steps=8", "trainer.val_check_interval=4", "run_name=moved"]
+    args += ["diagnostics.enabled=false", *fault(step_sleep_s=0.3)]
+    out = tmp_path / "outputs" / "listops" / "full" / "moved"
+    last = out / "checkpoints" / "last.ckpt"
+    assert kill_at_checkpoint(args, tmp_path, last, 4, tmp_path / "killed.log").returncode == -9
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    state = ckpt["callbacks"]["EfficiencyMonitor"]
+    assert len(state["step_times"]) == 3 and json.loads(state["machine"])["cpu_capability"]  # timed here
+    state["machine"] = json.dumps({**json.loads(state["machine"]), "cpu_capability": "ANOTHER"}, sort_keys=True)
+    torch.save(ckpt, last)
+    resumed = run_cli(args, tmp_path)
+    record = run_record(out)
+    assert record["status"] == "completed" and record["run"]["resumed_from_step"] == 4
+    assert record["metrics"]["timed_steps"] == 3  # steps 6-8: this segment's, its first step warm-up
+    assert "taken on another machine" in resumed.stdout + resumed.stderr

@@ -8,6 +8,10 @@ A resumed run merges its segments: the samples (step times, data waits, tokens p
 far travel in every checkpoint (`state_dict`), so the record of a run killed and resumed summarises all the steps
 that made its weights, not only the last segment's. Each segment skips its own first `warmup` steps (a new process
 warms up again). Steps re-run after a kill are measured once: the checkpoint holds the samples up to its step.
+Samples travel with the machine they were timed on (`env.hardware`, as `compare` matches it): a run resumed on
+another machine (a later session's AVX2 machine under the same CPU name as an AVX-512 one, other threads, a GPU)
+drops the earlier segments' timing samples and says so, since the record names one machine and a median over two
+would belong to neither. The peak memory is kept: it is the run's, wherever it was reached.
 
 How much to trust the median travels with it: `timed_steps` (how many step times it is over), `step_time_iqr_s`
 (their spread) and `load_avg_1m` (the machine's 1-minute load average at the timed steps: a busy machine slows every
@@ -24,6 +28,7 @@ after every step instead (`rss_sampled_at_steps`: a peak inside a step can be mi
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -34,6 +39,7 @@ import pytorch_lightning as pl
 import torch
 
 from lra_bench.bench.memory import CLEAR_REFS, settle, status_kib
+from lra_bench.record.provenance import hardware
 
 CUDA_PEAK = "cuda_max_allocated"
 RSS_HWM = "rss_hwm_since_train_start"
@@ -76,6 +82,11 @@ def load_average_1m() -> float | None:
         return None
 
 
+def machine_key() -> str:
+    """What a step time belongs to: the record's `env.hardware` (CPU identity and vector unit, threads, GPUs)."""
+    return json.dumps(hardware(), sort_keys=True, default=str)
+
+
 def interquartile_range(values: list[float]) -> float | None:
     """Q3 − Q1 with linear interpolation between order statistics (numpy's default); None below two values."""
     if len(values) < 2:
@@ -109,6 +120,7 @@ class EfficiencyMonitor(pl.Callback):
             "load_samples": list(self.load_samples),
             "peak_memory_mib": self._peak_so_far(),
             "segments": self.segments + 1,
+            "machine": machine_key(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -119,6 +131,14 @@ class EfficiencyMonitor(pl.Callback):
         peak = state_dict.get("peak_memory_mib")
         self.earlier_peak_mib = None if peak is None else float(peak)
         self.segments = int(state_dict.get("segments", 0))
+        timed_on = state_dict.get("machine")  # absent in checkpoints written before it was kept
+        if timed_on is not None and timed_on != machine_key():
+            print(
+                f"[lra-bench] the checkpoint's {len(self.step_times)} step times were taken on another machine "
+                f"({timed_on}): this run's speed is timed from this segment only",
+                flush=True,
+            )
+            self.step_times, self.data_waits, self.tokens_per_step, self.load_samples = [], [], [], []
 
     def _peak_so_far(self) -> float | None:
         current = self._segment_peak
