@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from lra_bench.config.plain import plain_dict
+from lra_bench.record.provenance import cpu_fields, cpu_identity, cpu_name
 
 
 @dataclass
@@ -304,9 +305,8 @@ def where(device: torch.device) -> str:
     name covers CPUs whose timings differ: "AMD EPYC" with AVX2 or with AVX-512)."""
     if device.type != "cpu":
         return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-    from lra_bench.record.provenance import cpu_identity, cpu_name
-
-    return f"cpu: {cpu_name()} ({cpu_identity()}, {torch.backends.cpu.get_cpu_capability()})"
+    fields = cpu_fields()
+    return f"cpu: {cpu_name(fields)} ({cpu_identity(fields)}, {torch.backends.cpu.get_cpu_capability()})"
 
 
 def shown_command(argv: list[str]) -> str:

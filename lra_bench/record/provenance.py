@@ -58,24 +58,29 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def cpu_name() -> str:
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        if ":" in line:
+            key, value = line.split(":", 1)
+            fields[key.strip()] = value.strip()
+    return fields
 
 
-def cpu_identity() -> str | None:
+def cpu_name(fields: dict[str, str] | None = None) -> str:
+    fields = cpu_fields() if fields is None else fields
+    return fields.get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_identity(fields: dict[str, str] | None = None) -> str | None:
     """`family F model M stepping S` from /proc/cpuinfo (None elsewhere): virtual machines often name every AMD
     EPYC generation alike ("AMD EPYC"), so the name alone cannot tell a Zen 3 from a Zen 5."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
-    except OSError:
-        return None
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    fields = cpu_fields() if fields is None else fields
     if "cpu family" not in fields:
         return None
     return f"family {fields['cpu family']} model {fields.get('model', '?')} stepping {fields.get('stepping', '?')}"
@@ -85,9 +90,10 @@ def hardware() -> dict[str, Any]:
     """The machine a run's timings belong to. Two records compare their step times only when these are equal
     (`compare`), so it holds what changes speed: the CPU's identity and the vector instructions torch's kernels
     use (`cpu_capability`: AVX512, AVX2, …; machines sold under one name differ in it)."""
+    fields = cpu_fields()
     info: dict[str, Any] = {
-        "cpu": cpu_name(),
-        "cpu_id": cpu_identity(),
+        "cpu": cpu_name(fields),
+        "cpu_id": cpu_identity(fields),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

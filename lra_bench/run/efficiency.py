@@ -82,11 +82,6 @@ def load_average_1m() -> float | None:
         return None
 
 
-def machine_key() -> str:
-    """What a step time belongs to: the record's `env.hardware` (CPU identity and vector unit, threads, GPUs)."""
-    return json.dumps(hardware(), sort_keys=True, default=str)
-
-
 def interquartile_range(values: list[float]) -> float | None:
     """Q3 − Q1 with linear interpolation between order statistics (numpy's default); None below two values."""
     if len(values) < 2:
@@ -120,7 +115,7 @@ class EfficiencyMonitor(pl.Callback):
             "load_samples": list(self.load_samples),
             "peak_memory_mib": self._peak_so_far(),
             "segments": self.segments + 1,
-            "machine": machine_key(),
+            "machine": hardware(),  # what the samples were timed on (the record's env.hardware)
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -132,7 +127,9 @@ class EfficiencyMonitor(pl.Callback):
         self.earlier_peak_mib = None if peak is None else float(peak)
         self.segments = int(state_dict.get("segments", 0))
         timed_on = state_dict.get("machine")  # absent in checkpoints written before it was kept
-        if timed_on is not None and timed_on != machine_key():
+        if isinstance(timed_on, str):  # one commit (48709bd) kept it as canonical JSON; a committed snapshot has it
+            timed_on = json.loads(timed_on)
+        if timed_on is not None and timed_on != hardware():
             print(
                 f"[lra-bench] the checkpoint's {len(self.step_times)} step times were taken on another machine "
                 f"({timed_on}): this run's speed is timed from this segment only",
