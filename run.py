@@ -48,7 +48,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    from lra_bench.config.preflight import preflight
+    from lra_bench.config.launch import launch
 
-    preflight(sys.argv[1:], check=check_run)
-    main()
+    launch(main, config_path="conf", config_name="config", check=check_run)  # a single run's config composed once

@@ -148,10 +148,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     from lra_bench.bench.checks import check_bench
-    from lra_bench.config.preflight import preflight
+    from lra_bench.config.launch import launch
 
-    preflight(sys.argv[1:], config_name="bench", check=check_bench)  # one line, exit 2 on bad settings
-    main()
+    launch(main, config_path="../conf", config_name="bench", check=check_bench)  # one line, exit 2 on bad settings

@@ -104,10 +104,14 @@ def preflight(
     config_name: str = "config",
     output_key: str = "hydra.run.dir",
     check: Callable[[DictConfig], None] | None = None,
-) -> None:
+    hydra: Any = None,
+) -> DictConfig | None:
     """Compose `argv`'s overrides like `@hydra.main(config_name=...)`; on any mistake, `bad_input`.
 
     `check(cfg)` (optional) runs on the composed config of a single run; a `ConfigError` from it is bad input too.
+    `hydra` (optional) is the Hydra instance the app's `@hydra.main` would make (`lra_bench.config.launch`): the
+    config is composed on it, with the app's job name and search path, and a single run's config (Hydra's node
+    included) is returned for `launch` to run as is; None for a multirun, `--cfg` or what Hydra answers itself.
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.hydra_config import HydraConfig
@@ -117,9 +121,9 @@ def preflight(
 
     args, _unknown = get_args_parser().parse_known_args(list(argv))
     if args.help or args.hydra_help or args.shell_completion or args.info or args.experimental_rerun:
-        return
+        return None
     if args.config_path or args.config_dir:
-        return  # another config tree: Hydra reports its own errors
+        return None  # another config tree: Hydra reports its own errors
     name = args.config_name or config_name
     try:
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
@@ -133,17 +137,20 @@ def preflight(
                     f"{o.input_line}: Hydra cannot sweep over its own config; write {instead} (the command line's "
                     "values replace the sweep's own list for that key)"
                 )
-        cfg = compose_config(plain, config_name=name, return_hydra_config=True)
+        if hydra is None:
+            cfg = compose_config(plain, config_name=name, return_hydra_config=True)
+        else:
+            cfg = hydra.compose_config(name, plain, run_mode=RunMode.RUN)
         multirun = args.multirun or cfg.hydra.mode == RunMode.MULTIRUN
         if has_sweep and not multirun:
             compose_config(list(args.overrides), config_name=name)  # Hydra's own "add --multirun" message
         if args.cfg:
-            return  # only printing the config: nothing is written
+            return None  # only printing the config: nothing is written
         check_added_keys(parsed, name)
         HydraConfig.instance().set_config(cfg)
         if multirun:
             check_dir_path("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
-            return
+            return None
         check_paths(cfg)  # before the run dir: name the key the user set (output_root=, data_dir=, …)
         if check is not None:
             check(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]))
@@ -153,6 +160,7 @@ def preflight(
             from lra_bench.run.lock import check_free
 
             check_free(run_dir)  # another process trains there: refuse before Hydra writes into its dir
+        return cfg
     except ConfigError as err:
         bad_input(str(err))
     except (HydraException, OmegaConfBaseException) as err:
