@@ -51,14 +51,8 @@ def _run(tmp_path: Path, how: str) -> tuple[Path, list[list]]:
     out = tmp_path / f"out-{how}"
     args = ["task=listops", "attn=gpa", *TINY_LISTOPS, f"data_dir={tmp_path / 'data'}", f"output_root={out}"]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(wrapper), str(REPO / "run.py"), how, *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, str(wrapper), str(REPO / "run.py"), how, *args]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     composes = [
         json.loads(line.removeprefix("COMPOSE ")) for line in proc.stderr.splitlines() if line.startswith("COMPOSE ")
