@@ -1,6 +1,7 @@
 """The config tree composed through Hydra's own compose API — the one way any app of the harness gets a config.
 
-`run.py` composes through `@hydra.main`; everything else that needs "what a run would get" (the data preparer,
+`run.py` and the bench compose on the Hydra instance `@hydra.main` would make (`lra_bench.config.launch`: the
+pre-flight's config is the one the run runs); everything else that needs "what a run would get" (the data preparer,
 the benchmark's operator defaults, the approximation study's model, evaluation of a checkpoint) calls
 `compose_config(overrides)` on the same `conf/` tree, so no app re-reads YAML files by hand.
 """
