@@ -60,7 +60,6 @@ def run_composed(hydra: Any, config_name: str, cfg: DictConfig, task_function: C
         callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
         _ = ret.return_value  # re-raises the job's exception
 
-    GlobalHydra.instance().clear()
     GlobalHydra.instance().initialize(hydra)  # what runs inside the job composes on the app's search path
     try:
         run_and_report(job)
@@ -77,16 +76,10 @@ def launch(
 ) -> None:
     """Run `app` (a `@hydra.main` function declared with `config_path` and `config_name`) on the command line:
     the pre-flight composes and checks; a single run then runs on that config, anything else through `app()`."""
-    from hydra._internal.utils import get_args_parser
-    from hydra.core.global_hydra import GlobalHydra
-
-    argv = sys.argv[1:] if argv is None else list(argv)
-    config_name = get_args_parser().parse_known_args(argv)[0].config_name or config_name
     task_function = inspect.unwrap(app)
     hydra = app_hydra(task_function, config_path)
-    cfg = preflight(argv, config_name=config_name, check=check, hydra=hydra)
+    cfg = preflight(sys.argv[1:] if argv is None else argv, config_name=config_name, check=check, hydra=hydra)
     if cfg is None:
-        GlobalHydra.instance().clear()  # `@hydra.main` makes its own
         app()
     else:
-        run_composed(hydra, config_name, cfg, task_function)
+        run_composed(hydra, str(cfg.hydra.job.config_name), cfg, task_function)  # `--config-name` included

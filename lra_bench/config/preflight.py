@@ -120,12 +120,12 @@ def preflight(
     from hydra.types import RunMode
 
     args, _unknown = get_args_parser().parse_known_args(list(argv))
-    if args.help or args.hydra_help or args.shell_completion or args.info or args.experimental_rerun:
-        return None
-    if args.config_path or args.config_dir:
-        return None  # another config tree: Hydra reports its own errors
     name = args.config_name or config_name
-    try:
+    try:  # every return leaves Hydra's global instance clear (`finally`), for `@hydra.main` or the next call
+        if args.help or args.hydra_help or args.shell_completion or args.info or args.experimental_rerun:
+            return None
+        if args.config_path or args.config_dir:
+            return None  # another config tree: Hydra reports its own errors
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
         plain = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
         has_sweep = len(plain) < len(parsed)
