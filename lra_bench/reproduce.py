@@ -14,7 +14,9 @@ the official size on first use), and what is needed to re-check its number goes 
   `run.log` — no checkpoints; `in-progress/` is removed.
 
 A completed evidence folder is left as it is. `docs/reproductions.md` is generated from `reproductions/`
-(`python -m lra_bench.reproductions`).
+(`python -m lra_bench.reproductions`). Runs of a network the protocol no longer computes are moved to
+`reproductions/variants/<name>/` (their records say `variant`; the page shows them apart, never beside a published
+row); this command never reads or resumes them.
 """
 
 from __future__ import annotations

@@ -7,6 +7,17 @@ best validation step, the step where it left the class prior, precision, wall ti
 validation-accuracy curve of every run in one figure; and, when both sides have completed seeds, what
 `python -m lra_bench.compare attn=gpa attn=nystrom` says about them.
 
+Variants: runs of a network the protocol no longer computes (`reproductions/variants/<name>/<protocol>/<task>/<attn>/
+seed-<s>/`, each record saying `"variant": "<name>"`; the folder's README says what differs) stay committed and
+are shown in a section of their own — their mean, interval, runs, curves and comparison — never in the rows beside
+the published numbers, which count only runs of the current protocol (a record that names a variant is that
+variant's wherever it lies). Their snapshots keep no checkpoints (they cannot resume under today's network): the
+step and segments the last checkpoint held are in the snapshot's `checkpoint.json`.
+
+Data: the ListOps reproductions train and test on trees made by `tasks.generate.listops` (the release's
+distribution and sizes), not on the LRA release's files; the page says so, and each record's `data.origin` says
+which it used.
+
 Why "leaves the prior" is recorded: the faithful ListOps schedule learns late and abruptly (a first attempt sat at
 the class prior, val accuracy 0.16–0.19, until step ~2,200), so a run cut short, or a schedule shortened "to save
 time", reports the prior. It is the first evaluation whose accuracy exceeds the validation set's majority-class
@@ -26,6 +37,7 @@ import math
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +55,14 @@ PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
 DIFFERENCE_PP = 1.0  # the gap the page sizes seeds for: about the spread of the published ListOps rows
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
+#: what `make reproduce` reproduces by default: its rows are shown even before a run exists
+DEFAULT_TARGET = ("nystromformer", "listops")
+VARIANTS = "variants"  # reproductions/variants/<name>/…: runs of a network the protocol no longer computes
+SNAPSHOT_PROGRESS = "checkpoint.json"  # a variant snapshot's last checkpoint, read before the file was deleted
+#: what a variant is, for its section's heading (its folder's README.md says it in full)
+VARIANT_TITLES = {
+    "pre-fidelity": "the network before it was matched to the reference code (mlpen/Nystromformer@5689313)",
+}
 
 
 @dataclass
@@ -56,6 +76,13 @@ class Run:
     curve: list[tuple[int, float]] = field(default_factory=list)
     checkpoint_step: int | None = None  # an in-progress snapshot: the step its last.ckpt holds
     segments: list[dict[str, Any]] = field(default_factory=list)  # the training attempts (record, or checkpoint)
+    variant: str | None = None  # the record's `variant` (or its variants/<name>/ folder's); None: the protocol's
+
+    @property
+    def origin(self) -> str:
+        """The data the run trained and tested on: `generated`, `official`, or `unrecorded` (`data.origin`)."""
+        origin = (self.record.get("data") or {}).get("origin")
+        return str(origin.get("kind")) if isinstance(origin, dict) and origin.get("kind") else "unrecorded"
 
     @property
     def completed(self) -> bool:
@@ -117,28 +144,43 @@ def read_curve(folder: Path) -> list[tuple[int, float]]:
 
 
 def collect(root: Path = ROOT) -> list[Run]:
-    """Every run under `root/<protocol>/<task>/<attn>/seed-<s>/` (completed, or its `in-progress/` snapshot)."""
+    """Every run under `root/<protocol>/<task>/<attn>/seed-<s>/` (completed, or its `in-progress/` snapshot), then
+    every variant's under `root/variants/<name>/<protocol>/<task>/<attn>/seed-<s>/`; each run's `variant` is its
+    record's (a record naming a variant is that variant's wherever it lies), else its variant folder's name."""
+    runs = [*_collect(root, None)]
+    for folder in sorted(p for p in (root / VARIANTS).glob("*") if p.is_dir()):
+        runs += _collect(folder, folder.name)
+    return sorted(runs, key=lambda r: (r.variant or "", r.protocol, r.task, r.attn, r.seed))
+
+
+def _collect(root: Path, variant: str | None) -> list[Run]:
     runs = []
     for seed_dir in sorted(root.glob("*/*/*/seed-*")):
         folder = seed_dir if (seed_dir / "results.json").exists() else seed_dir / IN_PROGRESS
-        if not (folder / "results.json").exists():
+        if not (folder / "results.json").exists() or seed_dir.parts[-4] == VARIANTS:
             continue
         protocol, task, attn = seed_dir.parts[-4:-1]
         record = json.loads((folder / "results.json").read_text())
         run = Run(protocol, task, attn, int(seed_dir.name.split("-")[1]), record, folder, read_curve(folder))
+        run.variant = record.get("variant") or variant
         run.segments = record["run"].get("segments") or []
         if folder.name == IN_PROGRESS:  # the snapshot's record is from its start: the checkpoint knows how far
             run.checkpoint_step, run.segments = snapshot_progress(folder / "checkpoints" / "last.ckpt")
         runs.append(run)
-    return sorted(runs, key=lambda r: (r.protocol, r.task, r.attn, r.seed))
+    return runs
 
 
 def snapshot_progress(last: Path) -> tuple[int | None, list[dict[str, Any]]]:
-    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.run.checkpoint_identity`)."""
+    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.run.checkpoint_identity`);
+    without the checkpoint, what `checkpoint.json` beside `checkpoints/` kept of it (a variant's snapshot)."""
     from lra_bench.run.checkpoint_identity import META_KEY
     from lra_bench.run.checkpointing import load_checkpoint
 
     if not last.exists():
+        kept = last.parent.parent / SNAPSHOT_PROGRESS
+        if kept.exists():
+            saved = json.loads(kept.read_text())
+            return saved.get("global_step"), list(saved.get("segments") or [])
         return None, []
     checkpoint = load_checkpoint(last)
     return int(checkpoint.get("global_step", 0)), list((checkpoint.get(META_KEY) or {}).get("segments") or [])
@@ -164,22 +206,41 @@ def _wall(run: Run) -> str:
     return f"{seconds / 3600:.2f} h" if known else f"≥ {seconds / 3600:.2f} h (an earlier attempt's end unrecorded)"
 
 
-def summary_table(runs: list[Run]) -> list[str]:
+def _ours(done: list[float]) -> str:
+    """Mean and 95% t-interval of completed seeds' test accuracies (%), "—" without one."""
+    if not done:
+        return "—"
+    interval = reproduction_interval(done)
+    return f"{sum(done) / len(done):.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
+def _counted(runs: list[Run], protocol: str, task: str, attn: str) -> list[Run]:
+    """The runs a row counts: the protocol's own config (never a trial), never a variant's."""
+    return [
+        r
+        for r in runs
+        if (r.protocol, r.task, r.attn) == (protocol, task, attn)
+        and r.record.get("off_protocol") is False
+        and r.variant is None
+    ]
+
+
+def summary_table(runs: list[Run], targets: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """One table per protocol × task (those of `runs`, and `targets` even without a run): each published row, and
+    each attention with a run (a variant's too), beside our mean and interval over the completed on-protocol seeds
+    of the current network, and the verdict. A variant's run is never counted here (`_counted`)."""
     lines = []
-    for protocol, task in sorted({(r.protocol, r.task) for r in runs}):
+    for protocol, task in sorted({(r.protocol, r.task) for r in runs} | set(targets)):
         published = published_rows(protocol, task)
         group = [r for r in runs if (r.protocol, r.task) == (protocol, task)]
         source = next(iter(published.values()))[1] if published else "no published table"
         lines += [f"### {TASK_LABELS.get(task, task)}, protocol `{protocol}` ({source})", ""]
-        body = []
+        body, completed = [], 0
         for attn in sorted({r.attn for r in group} | set(published)):
-            mine = [r for r in group if r.attn == attn and r.record.get("off_protocol") is False]  # never a trial
+            mine = _counted(group, protocol, task, attn)
             done = [r.test_acc * 100 for r in mine if r.completed and r.test_acc is not None]
+            completed += len(done)
             pub = published.get(attn)
-            ours = "—"
-            if done:
-                interval = reproduction_interval(done)
-                ours = f"{sum(done) / len(done):.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
             running = sum(not r.completed for r in mine)
             verdict = (
                 "—"
@@ -192,7 +253,9 @@ def summary_table(runs: list[Run]) -> list[str]:
                 if attn in ATTENTIONS.names()
                 else "no such attention here"
             )
-            body.append([attn, f"{pub[0]:.2f}" if pub else "—", ours, f"{len(done)} / {running}", verdict])
+            body.append([attn, f"{pub[0]:.2f}" if pub else "—", _ours(done), f"{len(done)} / {running}", verdict])
+        if not completed:
+            lines += ["No completed seed yet of the protocol's current network: no row has a number of ours.", ""]
         header = ["attention", "published", "ours: mean ± 95% CI (completed seeds)", "seeds done / in progress"]
         lines += [*table([*header, "verdict"], body), ""]
     lines += [
@@ -202,6 +265,27 @@ def summary_table(runs: list[Run]) -> list[str]:
         "",
     ]
     return lines
+
+
+def variant_table(runs: list[Run], variant: str) -> list[str]:
+    """A variant's rows: mean and interval over its completed on-protocol seeds (on-protocol as the protocol was
+    then), without the published number or a verdict — it is another network."""
+    lines = []
+    mine = [r for r in runs if r.variant == variant and r.record.get("off_protocol") is False]
+    for protocol, task in sorted({(r.protocol, r.task) for r in mine}):
+        group = [r for r in mine if (r.protocol, r.task) == (protocol, task)]
+        body = []
+        for attn in sorted({r.attn for r in group}):
+            runs_of = [r for r in group if r.attn == attn]
+            done = [r.test_acc * 100 for r in runs_of if r.completed and r.test_acc is not None]
+            body.append([attn, _ours(done), f"{len(done)} / {sum(not r.completed for r in runs_of)}"])
+        header = [
+            "attention",
+            f"variant `{variant}`: mean ± 95% CI (completed seeds)",
+            "seeds done / in progress",
+        ]
+        lines += [f"#### {TASK_LABELS.get(task, task)}, protocol `{protocol}` as it was", "", *table(header, body), ""]
+    return lines or ["No on-protocol run in this variant.", ""]
 
 
 RUNS_HEADER = (
@@ -215,10 +299,13 @@ RUNS_HEADER = (
     "wall time",
     "machine, threads",
     "on protocol",
+    "data",
 )
 
 
 def runs_table(runs: list[Run]) -> list[str]:
+    if not runs:
+        return ["No runs yet."]
     body = []
     for r in runs:
         metrics, env = r.record["metrics"], r.record.get("env") or {}
@@ -247,15 +334,19 @@ def runs_table(runs: list[Run]) -> list[str]:
                 _wall(r),
                 machine,
                 on,
+                r.origin,
             ]
         )
     return table(RUNS_HEADER, body)
 
 
-def comparison(root: Path, runs: list[Run], a: str = "gpa", b: str = "nystrom") -> list[str]:
-    """`python -m lra_bench.compare attn=a attn=b --in <protocol/task>` on the completed runs, as printed."""
+def comparison(
+    root: Path, runs: list[Run], a: str = "gpa", b: str = "nystrom", targets: Iterable[tuple[str, str]] = ()
+) -> list[str]:
+    """`python -m lra_bench.compare attn=a attn=b --in <root/protocol/task>` on the completed runs, as printed
+    (`runs`: one section's, all from `root`)."""
     lines = []
-    for protocol, task in sorted({(r.protocol, r.task) for r in runs}):
+    for protocol, task in sorted({(r.protocol, r.task) for r in runs} | set(targets)):
         have = {
             x: [r for r in runs if (r.protocol, r.task, r.attn) == (protocol, task, x) and r.completed] for x in (a, b)
         }
@@ -273,12 +364,17 @@ def comparison(root: Path, runs: list[Run], a: str = "gpa", b: str = "nystrom") 
             f"attn={a}",
             f"attn={b}",
             "--in",
-            str((root / protocol / task).relative_to(REPO) if root.is_relative_to(REPO) else root / protocol / task),
+            _shown(root / protocol / task),
         ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
         lines += [f"`{' '.join(['python', *cmd[1:]])}`:", "", "```", (out.stdout or out.stderr).rstrip(), "```", ""]
         lines += [seeds_needed(have[a], have[b], a, b), ""]
     return lines
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when it is inside it (as the page shows it), else as given."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def seeds_needed(runs_a: list[Run], runs_b: list[Run], a: str, b: str, difference_pp: float = DIFFERENCE_PP) -> str:
@@ -304,8 +400,43 @@ def seeds_needed(runs_a: list[Run], runs_b: list[Run], a: str, b: str, differenc
     )
 
 
+def data_paragraph(runs: list[Run]) -> list[str]:
+    """Which ListOps the runs used: the generator's trees of the release's distribution, not the release's test set
+    (each record's `data.origin`)."""
+    from tasks.listops import ListOpsConfig
+
+    cfg = ListOpsConfig()
+    listops = [r for r in runs if r.task == "listops"]
+    kinds = {kind: sum(r.origin == kind for r in listops) for kind in ("generated", "official", "unrecorded")}
+    counts = ", ".join(f"{n} {kind}" for kind, n in kinds.items() if n) or "none yet"
+    sizes = f"{cfg.gen_num_train:,}/{cfg.gen_num_val:,}/{cfg.gen_num_test:,}"
+    said = (
+        "The ListOps reproductions train and test on trees generated by `tasks.generate.listops` (the official "
+        f"distribution, sizes {sizes} train/val/test, seed {cfg.gen_seed}), not on the LRA release's test set"
+        if not kinds["official"]
+        else "The ListOps reproductions are on two kinds of data: trees generated by `tasks.generate.listops` "
+        f"(the official distribution, sizes {sizes}, seed {cfg.gen_seed}) and the LRA release's files"
+    )
+    return [
+        "## Data",
+        "",
+        f"{said}, so a published number and ours are measured on different test sets of the same distribution. "
+        "A record's `data.origin` says which (`generated`, with the generator's knobs, or `official`; the runs' "
+        f"*data* column below). ListOps runs on this page by data origin: {counts}.",
+        "",
+    ]
+
+
+def figure_name(variant: str | None) -> str:
+    return FIGURE_NAME if variant is None else f"{Path(FIGURE_NAME).stem}_{variant}.png"
+
+
 def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:
+    """The page: the current protocol's rows, runs, curves and comparison, then each variant's (not counted)."""
     runs = collect(root)
+    faithful = [r for r in runs if r.variant is None]
+    variants = sorted({r.variant for r in runs if r.variant})
+    targets = {(r.protocol, r.task) for r in runs} | {DEFAULT_TARGET}
     lines = [
         "# Reproductions",
         "",
@@ -314,26 +445,61 @@ def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:
         "",
         "A published number is **reproduced** when it lies inside the 95% t-interval of our on-protocol seeds "
         "(at least 2 completed seeds); with one seed we cannot tell. Only runs of the protocol's own config (nothing "
-        "but logistics overridden) are counted.",
+        "but logistics overridden) and of its current network are counted: runs of an earlier network stay "
+        "committed as a named variant (`reproductions/variants/<name>/`, their records say `variant`) and are shown "
+        "in a section of their own below, never beside a published row.",
         "",
+        *data_paragraph(runs),
         "## Beside the published rows",
         "",
-        *(summary_table(runs) if runs else ["No runs yet.", ""]),
+        *summary_table(runs, targets),  # a variant's runs give their attention a row, never a count
         "## Every run",
         "",
-        *runs_table(runs),
+        *runs_table(faithful),
         "",
         f"Left the prior: the first evaluation above the validation majority-class share + {PRIOR_MARGIN:.2f}. Wall "
-        "time: the attempts that made the weights (killed steps that were re-run are not counted) plus the test.",
+        "time: the attempts that made the weights (killed steps that were re-run are not counted) plus the test. "
+        "Data: the record's `data.origin`.",
         "",
     ]
-    if figure and runs:
+    if figure and any(r.curve for r in faithful):
         lines += ["## Validation accuracy against step", "", f"![validation accuracy of every run]({figure})", ""]
-    lines += ["## GPA against Nyströmformer", "", *comparison(root, runs)]
+    lines += ["## GPA against Nyströmformer", "", *comparison(root, faithful, targets=targets)]
+    for variant in variants:
+        lines += variant_section(root, [r for r in runs if r.variant == variant], variant, figure)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def plot(runs: list[Run], path: Path) -> None:
+def variant_section(root: Path, runs: list[Run], variant: str, figure: str | None) -> list[str]:
+    """A variant's rows, runs, curves and comparison, labelled as another network and not counted."""
+    folder = root / VARIANTS / variant
+    readme = folder / "README.md"
+    where = _shown(folder)
+    said = f" (see [its README](../{where}/README.md))" if readme.exists() and where != str(folder) else ""
+    title = VARIANT_TITLES.get(variant, "another network than the protocol's current one")
+    lines = [
+        f"## Variant: {variant} (not counted)",
+        "",
+        f"Runs of {title}: another network than the protocol computes today, kept in `{where}/`{said}. They are not "
+        "counted beside the published rows above and have no verdict against them; their snapshots cannot be "
+        "resumed under today's network.",
+        "",
+        f"### Its rows (variant `{variant}`, not compared with the published numbers)",
+        "",
+        *variant_table(runs, variant),
+        f"### Its runs (variant `{variant}`)",
+        "",
+        *runs_table(runs),
+        "",
+    ]
+    if figure and any(r.curve for r in runs):
+        name = figure_name(variant)
+        lines += [f"### Validation accuracy against step (variant `{variant}`)", "", f"![{variant} runs]({name})", ""]
+    lines += [f"### GPA against Nyströmformer (variant `{variant}`, within the variant)", ""]
+    return lines + comparison(folder, runs)
+
+
+def plot(runs: list[Run], path: Path, title: str = "Every reproduction run (dashed: in progress)") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -347,10 +513,29 @@ def plot(runs: list[Run], path: Path) -> None:
             ax.plot(steps, [100 * a for a in accs], style, label=f"{r.attn} seed {r.seed} ({r.task}, {r.protocol})")
     ax.set_xlabel("training step")
     ax.set_ylabel("validation accuracy (%)")
-    ax.set_title("Every reproduction run (dashed: in progress)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    if any(r.curve for r in runs):
+        ax.legend(fontsize=8, loc="lower right")
     save_figure(fig, path)
+
+
+def write_figures(runs: list[Run], folder: Path) -> list[Path]:
+    """One figure per section with curves (the current protocol's, each variant's); a section without curves gets
+    none, and a stale figure of it is removed (the page does not show it)."""
+    written = []
+    for variant in [None, *sorted({r.variant for r in runs if r.variant})]:
+        section = [r for r in runs if r.variant == variant]
+        path = folder / figure_name(variant)
+        if not any(r.curve for r in section):
+            path.unlink(missing_ok=True)
+            continue
+        title = "Every reproduction run (dashed: in progress)" + (
+            "" if variant is None else f" — variant {variant}, not counted"
+        )
+        plot(section, path, title)
+        written.append(path)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,8 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    plot(collect(args.root), args.out.parent / FIGURE_NAME)
-    print(f"wrote {args.out} and {args.out.parent / FIGURE_NAME}")
+    figures = write_figures(collect(args.root), args.out.parent)
+    print(f"wrote {args.out}" + "".join(f" and {p}" for p in figures))
     return 0
 
 

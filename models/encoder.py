@@ -8,6 +8,7 @@ its own instance (selectors may hold per-layer state, e.g. GPA's codebook).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -70,14 +71,18 @@ class Block(nn.Module):
 
 
 def pool(x: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
-    """`mean` averages real tokens; `mean_legacy` averages all positions, pads included (the Nyströmformer
-    code's behaviour, kept for parity); `cls` takes position 0 (the encoder prepends a CLS token)."""
+    """`mean` averages real tokens; `mean_legacy` is the Nyströmformer and Skyformer code's MEAN pooling: pad
+    outputs zeroed, then the mean over all N positions, so the sum of the real tokens is divided by the padded
+    length (mlpen/Nystromformer@5689313 LRA/code/model.py:99 and model_wrapper.py:11); `cls` takes position 0
+    (the encoder prepends a CLS token)."""
     if pooling == "cls":
         return x[:, 0]
-    if pooling == "mean_legacy" or mask is None:
+    if mask is None:
         return x.mean(dim=1)
+    weights = mask.to(x.dtype).unsqueeze(-1)
+    if pooling == "mean_legacy":
+        return (x * weights).mean(dim=1)
     if pooling == "mean":
-        weights = mask.to(x.dtype).unsqueeze(-1)
         return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
     raise ValueError(f"model.pooling={pooling!r}: expected one of {POOLINGS}")
 
@@ -122,6 +127,9 @@ class Encoder(nn.Module):
             )
             for _ in range(depth)
         )
+        attentions = [cast(Block, block).attn.attention for block in self.blocks]
+        for attention in attentions[1:]:  # what a variant shares across layers is the first block's (`share_with`)
+            attention.share_with(attentions[0])
         self.norm = nn.LayerNorm(dim)
         nn.init.normal_(self.token_emb.weight, std=0.02)
         nn.init.normal_(self.pos_emb.weight, std=0.02)

@@ -62,3 +62,25 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def content_digest(paths: list[Path]) -> str:
+    """sha256 over the bytes of `paths` in order (16 hex digits): what the files hold, wherever they lie and whatever
+    their mtimes. Cached per (path, size, mtime) for the process, since a record asks once per stage."""
+    import hashlib
+
+    whole = hashlib.sha256()
+    for path in paths:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _DIGESTS:
+            one = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    one.update(block)
+            _DIGESTS[key] = one.hexdigest()
+        whole.update(_DIGESTS[key].encode())
+    return whole.hexdigest()[:16]

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tasks.base import SPLITS, LRADataModule
+from tasks.files import content_digest
 from tasks.generate import listops as generator
 from tasks.layout import DataSourceError, candidates, find_release_path
 from tasks.tokenizers import ListOpsTokenizer, pad_truncate
@@ -239,5 +240,22 @@ class ListOpsDataModule(LRADataModule):
         info = super().data_info()
         files = self.files()
         info["source"] = str(files["train"].parent) if files else None
-        info["split"] = "official files (train/val/test as given)"
+        info["origin"] = self.origin(files)
+        info["split"] = (
+            "generated files (train/val/test as generated)"
+            if info["origin"] and info["origin"]["kind"] == "generated"
+            else "official files (train/val/test as given)"
+        )
         return info
+
+    def origin(self, files: dict[str, Path] | None) -> dict[str, Any] | None:
+        """Where the data came from, for the record: `generated` (our generator's marker: generator, its knobs and
+        seed) or `official` (no marker: the release's files), each with the sha256 fingerprint of the three files'
+        bytes — so a record never calls generated trees official, and two runs on the same trees can be told so."""
+        if files is None:
+            return None
+        digest = content_digest([files[s] for s in SPLITS])
+        knobs = self.generated_with(files["train"].parent)
+        if knobs is None:
+            return {"kind": "official", "files": "lra_release listops-1000", "fingerprint": digest}
+        return {"kind": "generated", "generator": "tasks.generate.listops", "knobs": knobs, "fingerprint": digest}

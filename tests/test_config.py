@@ -92,8 +92,9 @@ def test_the_cli_answers_without_importing_torch(argv: list[str]) -> None:
 def test_faithful_nystromformer_listops_protocol() -> None:
     cfg = compose(["task=listops", "attn=nystrom"])
     m, o = cfg.model, cfg.optim
-    assert (m.depth, m.dim, m.ffn_dim, m.num_heads, m.head_dim, m.pooling) == (2, 64, 128, 2, 32, "mean")
-    assert (o.lr, o.eps, o.weight_decay, o.warmup_steps, o.schedule) == (1e-4, 1e-6, 0.0, 1000, "linear")
+    assert (m.depth, m.dim, m.ffn_dim, m.num_heads, m.head_dim, m.pooling) == (2, 64, 128, 2, 32, "mean_legacy")
+    assert (o.lr, o.eps, o.weight_decay, o.warmup_steps, o.schedule) == (1e-4, 1e-6, 0.0, 1000, "onecycle")
+    assert (cfg.attn.pinv_init, cfg.selector.over) == ("original", "padded")
     assert (cfg.data.batch_size, cfg.trainer.max_steps, cfg.task.max_length, cfg.task.seq_len) == (32, 5000, 2000, 2048)
 
 

@@ -99,3 +99,29 @@ def test_generates_once_when_missing(tmp_path: Path, capsys: pytest.CaptureFixtu
     again = ListOpsDataModule(cfg, str(tmp_path / "d"), str(tmp_path / "cache"))
     again.setup()
     assert "generating" not in capsys.readouterr().out
+
+
+def test_the_record_names_the_data_origin(tmp_path: Path) -> None:
+    """Generated trees are recorded as generated (generator, its seed, a fingerprint of the bytes), the release's files
+    as official: a record never calls generated data 'official files'."""
+    import hashlib
+
+    official = ListOpsDataModule(
+        ListOpsConfig(generate_if_missing=False), str(layout(tmp_path / "o")), str(tmp_path / "c")
+    )
+    info = official.data_info()
+    files = [tmp_path / "o" / "listops-1000" / f"basic_{s}.tsv" for s in ("train", "val", "test")]
+    digest = hashlib.sha256(b"".join(hashlib.sha256(p.read_bytes()).hexdigest().encode() for p in files)).hexdigest()
+    assert info["origin"] == {"kind": "official", "files": "lra_release listops-1000", "fingerprint": digest[:16]}
+    assert info["split"].startswith("official files")
+
+    cfg = ListOpsConfig(
+        max_length=64, seq_len=64, gen_num_train=6, gen_num_val=3, gen_num_test=3, gen_min_length=5, gen_max_length=64
+    )
+    generated = ListOpsDataModule(cfg, str(tmp_path / "g"), str(tmp_path / "c"))
+    generated.prepare_data()
+    info = generated.data_info()
+    assert info["origin"]["kind"] == "generated" and info["origin"]["generator"] == "tasks.generate.listops"
+    assert info["origin"]["knobs"]["gen_seed"] == cfg.gen_seed
+    assert info["split"].startswith("generated files") and "official" not in info["split"]
+    assert len(info["origin"]["fingerprint"]) == 16 and info["origin"]["fingerprint"] != digest[:16]

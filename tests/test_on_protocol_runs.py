@@ -82,6 +82,25 @@ def test_a_changed_protocol_value_is_still_off_protocol() -> None:
     assert record["deviations"] == {"trainer.max_steps": {"protocol": 5000, "run": 4999}}
 
 
+@pytest.mark.parametrize(
+    ("protocol", "attn", "knob", "protocol_value", "run_value"),
+    [("skyformer", "full", "attn.dropout", 0.1, 0.0), ("nystromformer", "full", "attn.dropout", 0.1, 0.2)],
+)
+def test_an_attention_knob_the_protocol_sets_is_covered(
+    protocol: str, attn: str, knob: str, protocol_value: Any, run_value: Any
+) -> None:
+    """The reference code's attention settings (`conf/protocol_attn/`) are part of the protocol: a run that changes
+    one trains another network and is recorded off-protocol; a knob the protocol does not set stays free."""
+    base = ["task=listops", f"attn={attn}", f"protocol={protocol}", *LOGISTICS]
+    record = recorded_conformance([*base, f"{knob}={run_value}"])
+    assert record["off_protocol"] is True
+    assert record["deviations"] == {knob: {"protocol": protocol_value, "run": run_value}}
+    free = recorded_conformance(
+        ["task=listops", "attn=gpa", f"protocol={protocol}", "attn.num_landmarks=16", *LOGISTICS]
+    )
+    assert free["off_protocol"] is False
+
+
 # -- real run.py processes ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def listops_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

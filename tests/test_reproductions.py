@@ -1,16 +1,22 @@
 """The committed reproductions are what they claim (on-protocol, complete, their accuracy is their predictions'),
 `docs/reproductions.md` is generated from them, and `make reproduce`'s snapshot/restore/evidence cycle works on
-a real run (interrupted, resumed from the committed snapshot, completed)."""
+a real run (interrupted, resumed from the committed snapshot, completed).
+
+Runs of a network the protocol no longer computes stay committed as a named variant
+(`reproductions/variants/<name>/…`, their records say so) and are never counted beside a published row; the page
+says which ListOps data the runs used, and a record of generated data never calls it official."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +25,13 @@ from lra_bench import reproduce, reproductions
 from lra_bench.stats.power import seeds_per_arm
 from tests.conftest import REPO, fault, write_listops
 
-COMMITTED = sorted(p for p in (REPO / "reproductions").glob("*/*/*/seed-*/results.json"))
+EVIDENCE = REPO / "reproductions"
+#: the current protocol's runs, then every variant's (`reproductions/variants/<name>/<protocol>/<task>/<attn>/…`)
+FAITHFUL = sorted(p for p in EVIDENCE.glob("*/*/*/seed-*/results.json") if p.parts[-5] != reproductions.VARIANTS)
+VARIANT = sorted(EVIDENCE.glob(f"{reproductions.VARIANTS}/*/*/*/*/seed-*/results.json"))
+COMMITTED = FAITHFUL + VARIANT
+#: every committed record, a snapshot's too
+RECORDS = sorted(EVIDENCE.rglob("results.json"))
 
 
 @pytest.mark.parametrize("record_path", COMMITTED, ids=[str(p.parent.relative_to(REPO)) for p in COMMITTED])
@@ -37,11 +49,44 @@ def test_a_committed_reproduction_is_complete_on_protocol_and_its_predictions(re
 
 
 def test_an_in_progress_snapshot_is_on_protocol_and_resumable() -> None:
-    for folder in (REPO / "reproductions").glob("*/*/*/seed-*/in-progress"):
+    for folder in EVIDENCE.glob("*/*/*/seed-*/in-progress"):
         record = json.loads((folder / "results.json").read_text())
         assert record["off_protocol"] is False, folder
         assert (folder / "checkpoints" / "last.ckpt").exists(), folder
         assert not (folder.parent / "results.json").exists(), f"{folder.parent}: completed and in progress at once"
+
+
+def test_a_variant_is_marked_explained_and_keeps_no_checkpoint() -> None:
+    """Each variant folder has a README; each of its records says the variant; its snapshots keep no checkpoint
+    (another network's weights cannot resume) but what the last one said; no record of the protocol's own runs
+    names a variant."""
+    for folder in sorted(p for p in (EVIDENCE / reproductions.VARIANTS).glob("*") if p.is_dir()):
+        assert (folder / "README.md").exists(), folder
+        for path in folder.rglob("results.json"):
+            assert json.loads(path.read_text()).get("variant") == folder.name, path
+        assert not list(folder.rglob("*.ckpt")), f"{folder}: a variant's checkpoints cannot resume"
+        for snapshot in folder.glob("*/*/*/seed-*/in-progress"):
+            kept = json.loads((snapshot / reproductions.SNAPSHOT_PROGRESS).read_text())
+            assert kept["global_step"] > 0 and kept["segments"], snapshot
+            assert not (snapshot.parent / "results.json").exists(), f"{snapshot.parent}: completed and in progress"
+    for path in FAITHFUL + sorted(EVIDENCE.glob("*/*/*/seed-*/in-progress/results.json")):
+        assert "variant" not in json.loads(path.read_text()), f"{path}: a variant's record among the protocol's runs"
+
+
+def test_the_pre_fidelity_runs_are_a_variant_and_nowhere_else() -> None:
+    """The runs trained before the network matched the reference code sit in the variant `pre-fidelity`, so none
+    is beside a published row (and `make reproduce` writes new runs to the protocol's own folders)."""
+    variant = EVIDENCE / reproductions.VARIANTS / "pre-fidelity"
+    moved = {str(p.relative_to(variant)) for p in variant.rglob("results.json")}
+    assert "nystromformer/listops/nystrom/seed-0/results.json" in moved
+    assert "nystromformer/listops/linformer/seed-1/in-progress/results.json" in moved
+    for path in RECORDS:
+        identity = json.loads((path.parent / "identity.json").read_text())["identity"]
+        if identity.get("model.pooling") == "mean" and identity.get("protocol.name") == "nystromformer":
+            assert path.is_relative_to(variant), f"{path}: a pre-fidelity network outside its variant"
+    assert reproduce.evidence_dir("nystromformer", "listops", "nystrom", 0) == EVIDENCE / "nystromformer" / (
+        "listops/nystrom/seed-0"
+    )
 
 
 def test_the_page_is_generated_from_the_evidence() -> None:
@@ -50,6 +95,113 @@ def test_the_page_is_generated_from_the_evidence() -> None:
     assert page.read_text() == reproductions.render(), (
         "docs/reproductions.md is stale: python -m lra_bench.reproductions"
     )
+    assert reproductions.main(["--check"]) == 0
+    for figure in re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", page.read_text()):
+        assert (page.parent / figure).exists(), f"the page shows {figure}, which is not there"
+
+
+def test_the_page_says_which_listops_data_the_runs_used() -> None:
+    """The data paragraph: generated trees of the official distribution, not the release's test set; and the records
+    say which (`data.origin`)."""
+    page = (REPO / "docs" / "reproductions.md").read_text()
+    data = page.split("## Data", 1)[1].split("\n## ", 1)[0]
+    for said in (
+        "trees generated by `tasks.generate.listops`",
+        "the official distribution, sizes 96,000/2,000/2,000",
+        "seed 0",
+        "not on the LRA release's test set",
+        "different test sets of the same distribution",
+        "`data.origin`",
+    ):
+        assert said in data, said
+
+
+@pytest.mark.parametrize("record_path", RECORDS, ids=[str(p.parent.relative_to(REPO)) for p in RECORDS])
+def test_a_record_of_generated_data_never_says_official(record_path: Path) -> None:
+    """Every committed ListOps record names its data's origin; generated trees are never 'official files'. The
+    origin added to a variant's record after its run has the generator knobs of the default ListOps config (those
+    the run's config says it used)."""
+    from tasks.listops import ListOpsConfig, ListOpsDataModule
+
+    record = json.loads(record_path.read_text())
+    data = record["data"]
+    if record["task"] != "listops":
+        return
+    assert data["origin"]["kind"] in ("generated", "official"), record_path
+    if data["origin"]["kind"] == "generated":
+        assert "official" not in data["split"] and data["split"].startswith("generated files"), data["split"]
+        assert data["origin"]["generator"] == "tasks.generate.listops"
+    if "origin_added" in data:
+        knobs = ListOpsDataModule(ListOpsConfig(), "unused", "unused").generator_knobs()
+        assert data["origin"]["knobs"] == knobs
+        assert {k: record["config"]["task"][k] for k in knobs if k in record["config"]["task"]} == {
+            k: v for k, v in knobs.items() if k != "generator_version"
+        }
+
+
+def _record(attn: str, seed: int, test_acc: float, variant: str | None = None) -> dict[str, Any]:
+    """A minimal completed on-protocol ListOps record, as the page reads it."""
+    record: dict[str, Any] = {
+        "status": "completed",
+        "protocol": "nystromformer",
+        "task": "listops",
+        "attn": attn,
+        "seed": seed,
+        "off_protocol": False,
+        "metrics": {"test_acc": test_acc, "train_steps": 5000, "val_acc": test_acc, "best_step": 5000},
+        "run": {"planned_steps": 5000, "segments": [], "finished_at": None},
+        "config": {"trainer": {"precision": "32-true"}},
+        "data": {"split": "generated files (train/val/test as generated)", "origin": {"kind": "generated"}},
+    }
+    return record | ({"variant": variant} if variant else {})
+
+
+def _write(folder: Path, record: dict[str, Any]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(record))
+
+
+def test_a_variant_run_is_never_counted_beside_a_published_row(tmp_path: Path) -> None:
+    """One run of the current network, and two of a variant (one in the variant's folder, one that lies among the
+    protocol's runs but whose record names the variant): the published row counts the first only; the variant's
+    section shows the other two, without a verdict."""
+    root = tmp_path / "evidence"
+    _write(reproduce.evidence_dir("nystromformer", "listops", "nystrom", 0, root), _record("nystrom", 0, 0.37))
+    _write(reproduce.evidence_dir("nystromformer", "listops", "nystrom", 1, root), _record("nystrom", 1, 0.30, "old"))
+    variant_root = root / reproductions.VARIANTS / "old"
+    _write(reproduce.evidence_dir("nystromformer", "listops", "nystrom", 2, variant_root), _record("nystrom", 2, 0.32))
+    runs = reproductions.collect(root)
+    assert [(r.seed, r.variant) for r in runs] == [(0, None), (1, "old"), (2, "old")]
+    page = reproductions.render(root, figure=None)
+    main, variant = page.split("## Variant: old (not counted)")
+    assert "| nystrom | 37.15 | 37.00 | 1 / 0 | 1 seed: cannot tell |" in main
+    assert "seed-1" not in main and "seed-2" not in main
+    assert "| nystrom | 31.00 [18.29, 43.71] | 2 / 0 |" in variant
+    assert "37.15" not in variant and "reproduced" not in variant and "cannot tell" not in variant
+    assert "| nystromformer/listops/nystrom/seed-1 | completed |" in variant
+    rows = reproductions.summary_table(runs, [("nystromformer", "listops")])
+    assert "| nystrom | 37.15 | 37.00 | 1 / 0 | 1 seed: cannot tell |" in rows
+
+
+def test_the_page_with_no_run_of_the_current_network(tmp_path: Path) -> None:
+    """Only a variant's runs, or none at all: every section still renders — the published rows with no number of
+    ours, no runs table, no figure, no comparison — and the figure of a section without curves is not written."""
+    root = tmp_path / "evidence"
+    for page in (reproductions.render(root), reproductions.render(root, figure=None)):
+        assert "No completed seed yet" in page and "| nystrom | 37.15 | — | 0 / 0 | not run yet |" in page
+        assert "No runs yet." in page and ".png" not in page and "## Variant" not in page
+        assert "needs completed runs of both (now 0 and 0)" in page and "## Data" in page
+    variant_root = root / reproductions.VARIANTS / "old"
+    _write(reproduce.evidence_dir("nystromformer", "listops", "gpa", 0, variant_root), _record("gpa", 0, 0.36))
+    page = reproductions.render(root)
+    assert "No completed seed yet" in page and "| gpa | — | — | 0 / 0 | — |" in page
+    assert "## Variant: old (not counted)" in page and "| gpa | 36.00 | 1 / 0 |" in page
+    out = tmp_path / "docs" / "reproductions.md"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / reproductions.FIGURE_NAME).write_bytes(b"stale")
+    assert reproductions.main(["--root", str(root), "--out", str(out)]) == 0
+    assert not (tmp_path / "docs" / reproductions.FIGURE_NAME).exists(), "a stale figure of no runs is removed"
+    assert reproductions.main(["--root", str(root), "--out", str(out), "--check"]) == 0
 
 
 @pytest.mark.slow
@@ -66,6 +218,7 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
         "task.seq_len=128",
         "task.max_length=120",
         "data.batch_size=8",
+        "optim.warmup_steps=4",  # the protocol's OneCycleLR needs a warm-up shorter than the trial's 24 steps
         *fault(step_sleep_s=0.3),
     ]
     args = [
@@ -108,7 +261,7 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
     assert [s["from_step"] for s in record["run"]["segments"]] == [0, stopped_at]
     assert sorted(p.name for p in evidence.iterdir()) == sorted(reproduce.EVIDENCE)
     runs = reproductions.collect(tmp_path / "evidence")
-    assert len(runs) == 1 and runs[0].completed and runs[0].wall_s() > 24 * 0.3
+    assert len(runs) == 1 and runs[0].completed and (runs[0].wall_s() or 0.0) > 24 * 0.3
     page = reproductions.render(tmp_path / "evidence")
     assert "| nystrom | 37.15 | — | 0 / 0 | not run yet |" in page  # an off-protocol trial never stands beside it
     assert "| nystromformer/listops/nystrom/seed-0 | completed | 24/24 |" in page and "| **no** |" in page

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from lra_bench.errors import ConfigError, IncompatibleCombination
 from lra_bench.registry import ATTENTIONS, AXES, SELECTORS, UnknownComponent
 
-SCHEDULES = ("linear", "cosine", "constant", "rsqrt")
+SCHEDULES = ("linear", "cosine", "constant", "rsqrt", "onecycle")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true")
 
 

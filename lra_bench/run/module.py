@@ -106,8 +106,31 @@ class LRAModule(pl.LightningModule):
         return adamw_with_schedule(self.parameters(), self.optim_cfg, self.max_steps)
 
 
+def onecycle_phases(warmup: int, max_steps: int) -> tuple[int, float]:
+    """`(total_steps, pct_start)` for `optim.schedule=onecycle`: the Nyströmformer reference's
+    `OneCycleLR(total_steps=num_train_steps, pct_start=warmup / num_train_steps)` wherever torch can run it.
+
+    Torch's warm-up phase runs from step 0 to `pct_start·total − 1` (= warmup − 1) and its decay from there to
+    `total − 1`; an empty phase divides by zero. Two cases the reference never meets get the nearest schedule torch
+    can run: a warm-up of 1 step (peak at step 0) runs as none (0: the lr starts at the peak and anneals), and a
+    warm-up as long as the run or longer (a run shrunk by hand, which `warmup_warning` already flags) runs the
+    reference's warm-up ramp and is cut by the run's end — the schedule is built for `warmup + 2` steps, so the decay
+    phase is never reached.
+    """
+    if warmup <= 1:
+        return max_steps, 0.0
+    total = max(max_steps, warmup + 2)
+    return total, warmup / total
+
+
 def adamw_with_schedule(params: Any, o: dict[str, Any], max_steps: int) -> OptimizerLRSchedulerConfig:
-    """AdamW and its per-step schedule from the `optim` node (shared by every stage's LightningModule)."""
+    """AdamW and its per-step schedule from the `optim` node (shared by every stage's LightningModule).
+
+    `onecycle` is torch's `OneCycleLR` with the Nyströmformer reference's arguments (mlpen/Nystromformer
+    LRA/code/run_tasks.py): lr/25 → lr linearly over the warm-up, then linearly to lr/25/1e4 at `max_steps`, and
+    β1 (it overrides `betas[0]`) 0.95 → 0.85 → 0.95 over the same two phases. The others are a `LambdaLR`
+    (`lr_lambda`) with β1 fixed.
+    """
     optimizer = torch.optim.AdamW(
         params,
         lr=o["lr"],
@@ -115,6 +138,23 @@ def adamw_with_schedule(params: Any, o: dict[str, Any], max_steps: int) -> Optim
         eps=o.get("eps", 1e-6),
         weight_decay=o.get("weight_decay", 0.0),
     )
-    schedule = lr_lambda(o.get("schedule", "linear"), int(o.get("warmup_steps", 0)), max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    name, warmup = o.get("schedule", "linear"), int(o.get("warmup_steps", 0) or 0)
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    if name == "onecycle":
+        total, pct_start = onecycle_phases(warmup, max_steps)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=o["lr"],
+            total_steps=total,
+            pct_start=pct_start,
+            anneal_strategy="linear",
+            cycle_momentum=True,
+            base_momentum=0.85,
+            max_momentum=0.95,
+            div_factor=25.0,
+            final_div_factor=1e4,
+            three_phase=False,
+        )
+    else:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(name, warmup, max_steps))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -74,9 +74,10 @@ def check_steps_ran(trained: int, planned: int) -> None:
 def warmup_warning(cfg: DictConfig) -> str | None:
     """One line when the learning rate never reaches `optim.lr`: `optim.warmup_steps >= trainer.max_steps`.
 
-    Every schedule (`lra_bench.run.module.lr_lambda`) reaches its peak at the end of the warm-up, so a run shrunk
-    by hand (`trainer.max_steps=20` under the protocol's 1,000 warm-up steps) trains at a few percent of its
-    learning rate and typically predicts one class: trainable, but misleading, so it warns instead of refusing.
+    Every schedule (`lra_bench.run.module.adamw_with_schedule`, `onecycle` included) reaches its peak at the end of
+    the warm-up, so a run shrunk by hand (`trainer.max_steps=20` under the protocol's 1,000 warm-up steps) trains at
+    a few percent of its learning rate and typically predicts one class: trainable, but misleading, so it warns
+    instead of refusing.
     """
     warmup, max_steps = int(cfg.optim.get("warmup_steps", 0) or 0), int(cfg.trainer.max_steps)
     if warmup < max_steps:

@@ -67,6 +67,12 @@ class Attention(NamedByConfig, nn.Module):
     def configure(self, cfg: Any) -> None:
         """Read the variant's knobs from `cfg`, its config dataclass (nothing to read by default)."""
 
+    def share_with(self, first: Attention) -> None:
+        """Tie what this instance shares across layers to `first`, the attention of the encoder's first block: the
+        encoder calls it on every later block's attention once all are built. A variant whose config shares a
+        parameter across layers makes its own attribute the same `nn.Parameter` object as `first`'s (so it is one
+        tensor in `parameters()`, and a state dict loads into both); by default nothing is shared."""
+
     def set_causal(self, causal: bool) -> None:
         """Attend to keys j <= i only (True) or to every key (False); ValueError on a variant without a causal form."""
         if causal and not self.supports_causal:

@@ -10,6 +10,12 @@ and its pseudo-inverse are always fp32, even under autocast (fp64 when the input
 approximation study). The core solve (`pinv`): `iterative` (Nyströmformer's, the default), `stable` (the
 reference: `numerics.stable_pinv`, exact when the landmarks determine A) or `exact` (fp32 pinv with a 1e-4
 cut-off, kept as before). Subclasses (GPA, …) reuse `kernels()`.
+
+The reference code (mlpen/Nystromformer@5689313 LRA/code/attention_nystrom.py:30-60) is
+`attn=nystrom selector.over=padded attn.pinv_init=original`: landmarks the means of n/m-position blocks of the
+padded sequence with pads as zeros, all valid (so no kernel masks a landmark, as there), the batch-wide init of its
+6-step pseudo-inverse; equal on every real position (tests/test_nystrom_reference.py). At pad positions the
+reference's queries are zeroed, ours are not: only those rows of the output differ, and the encoder zeroes them.
 """
 
 from __future__ import annotations

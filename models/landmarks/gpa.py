@@ -11,13 +11,17 @@ parameter L). No code exists. **Our reading** of "recomputed every L passes", im
   the shared k-means core (`models/landmarks/kmeans.py`) on the current batch's detached queries, pooled over
   the batch (per head): the first refresh seeds with `init` (k-means++ by default, `restarts` seedings),
   later ones warm-start from the current codebook; Lloyd runs until the assignment stops changing or the
-  inertia stalls (`tol`), at most `max_iterations` (the paper's "10 iterations" is `max_iterations: 10`);
+  inertia stalls (`tol`), at most `max_iterations` (default 10, the paper's "10 iterations");
 * every sequence — in training and at inference — is assigned to the nearest codebook centroids (one
   N×m distance matmul), and its landmarks are the differentiable query AND key means over those clusters;
   a cluster that gets none of a sequence's real tokens is an invalid landmark for that sequence;
 * optionally `local_iterations` per-sequence Lloyd iterations start from the codebook (0 = pure codebook);
 * `refresh_every: 1` means plain per-sequence k-means at every call (what "recomputed every pass" means),
   with no codebook at all.
+
+Not implemented: the reviews also name a "local effective-rank threshold τ = 0.05". No public text says what it
+thresholds (which singular values, of which matrix, and what the threshold then changes: m, a landmark, a head), so
+there is no reading to implement; GPA here is the k-means landmark rule above and nothing else.
 
 Eval mode never changes any state (no counting, no refresh): diagnostics and validation cannot perturb
 training. An eval call before the codebook exists falls back to per-sequence k-means (eval-mode draws: fixed,
@@ -58,8 +62,7 @@ class GPAConfig:
     by the same k-means core as `kmeans` (seeded once, then warm-started from the codebook)."""
 
     name: str = "gpa"
-    max_iterations: int = KMeansSettings.max_iterations  # cap on Lloyd iterations per refresh
-    #                                                       (the paper's 10: max_iterations=10)
+    max_iterations: int = 10  # cap on Lloyd iterations per refresh: the paper's 10 (k-means' own cap is 100)
     tol: float = KMeansSettings.tol  # converged when the inertia falls by less than tol (relative) in one step
     restarts: int = KMeansSettings.restarts  # seedings of the first codebook; the lowest inertia is kept
     refresh_every: int = 50  # training passes between codebook refreshes; 1 = plain per-sequence k-means

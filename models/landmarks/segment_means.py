@@ -1,20 +1,31 @@
-"""Segment means (Nyströmformer's landmarks), computed over the *real* tokens only.
+"""Segment means (Nyströmformer's landmarks), over the *real* tokens (the default) or the padded sequence.
 
-Each real token gets its rank r among the real tokens of its sequence; token r goes to segment
-⌊r·m / n_real⌋. With no padding and m | n this is exactly Nyströmformer's reshape-and-mean; with padding
-it never dilutes a mean with pad zeros (mlpen does) and never wastes landmarks on an all-pad tail
-(lucidrains masks them instead). A sequence with fewer real tokens than m leaves some segments empty:
-those landmarks are marked invalid.
+`over="real"` (the default): each real token gets its rank r among the real tokens of its sequence; token r goes
+to segment ⌊r·m / n_real⌋. With no padding and m | n this is exactly Nyströmformer's reshape-and-mean; with padding
+it never dilutes a mean with pad zeros (mlpen does) and never wastes landmarks on an all-pad tail (lucidrains masks
+them instead). A sequence with fewer real tokens than m leaves some segments empty: those landmarks are marked
+invalid.
+
+`over="padded"`: the reference code's landmarks (mlpen/Nystromformer@5689313 LRA/code/attention_nystrom.py:30-37):
+m fixed blocks of n/m consecutive positions of the *padded* sequence (n its full length), each landmark the mean
+of its block with pads counted as zeros (the reference zeroes pad queries and keys before the means) — so a block
+holding pads gives a shrunken landmark and an all-pad block a zero landmark, and every landmark is valid (takes
+weight in every kernel, as in the reference, where nothing masks them). The reference's reshape needs m | n; other
+lengths are extended with pads to a multiple of m (`padded_block_means`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from models.cost import Flops, Params
 from models.landmarks.base import Landmarks, LandmarkSelector, cluster_means
+
+#: `selector.over`: what the m segments divide
+OVERS = ("real", "padded")
 
 
 def segment_assignment(mask: torch.Tensor, m: int) -> torch.Tensor:
@@ -25,17 +36,40 @@ def segment_assignment(mask: torch.Tensor, m: int) -> torch.Tensor:
     return (rank.clamp_min(0) * m) // n_real
 
 
+def padded_block_means(x: torch.Tensor, mask: torch.Tensor, m: int) -> torch.Tensor:
+    """Means of `x [B, H, N, D]` over m blocks of ⌈N/m⌉ consecutive positions, pads (`mask [B, 1, N]` False) as
+    zeros: the reference's `(x * mask).reshape(B, H, m, N // m, D).mean(-2)` when m | N. The reference cannot run
+    other lengths; here the sequence is extended with zeros (pads) to m·⌈N/m⌉ first, so any length runs and a length
+    the reference runs gives its numbers."""
+    n = x.shape[-2]
+    size = -(-n // m)
+    zeroed = x * mask[..., None].to(x.dtype)
+    if size * m != n:
+        zeroed = torch.nn.functional.pad(zeroed, (0, 0, 0, size * m - n))
+    return zeroed.unflatten(-2, (m, size)).mean(-2)
+
+
 @dataclass
 class SegmentMeansConfig:
-    """Nyströmformer's landmarks: means of m contiguous segments of the real tokens."""
+    """Nyströmformer's landmarks: means of m contiguous segments of the real tokens (or of the padded sequence)."""
 
     name: str = "segment_means"
+    over: str = "real"  # real: m segments of the real tokens, empty ones invalid (ours) | padded: m blocks of n/m
+    #                     positions of the padded sequence, pads as zeros, all valid (the reference code's)
 
 
 class SegmentMeans(LandmarkSelector):
     config = SegmentMeansConfig
 
+    def configure(self, cfg: Any) -> None:
+        if cfg.over not in OVERS:
+            raise ValueError(f"selector.over={cfg.over!r}: expected one of {', '.join(OVERS)}")
+        self.over: str = cfg.over
+
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
+        if self.over == "padded":
+            valid = torch.ones(*q.shape[:2], m, dtype=torch.bool, device=q.device)
+            return Landmarks(queries=padded_block_means(q, mask, m), keys=padded_block_means(k, mask, m), valid=valid)
         assignment = segment_assignment(mask, m).expand(q.shape[:3])
         q_l, counts = cluster_means(q, assignment, mask, m)
         k_l, _ = cluster_means(k, assignment, mask, m)
