@@ -58,3 +58,44 @@ def test_mean_legacy_pools_as_the_reference() -> None:
     expected = torch.stack([x[0, :3].sum(0) / 6, x[1].sum(0) / 6])
     assert torch.allclose(pool(x, mask, "mean_legacy"), expected, atol=1e-12)
     assert not torch.allclose(pool(x, mask, "mean"), expected, atol=1e-3)  # real-token mean: the other pooling
+
+
+# Parameter counts of the reference code's ListOps networks, written down from their code (not from ours): the shared
+# part is embeddings 32·64 + 2048·64, two blocks of 33,472 (two LayerNorms 256, W_q/W_k/W_v 3·4,160, out 4,160, FFN
+# 8,320 + 8,256), the final LayerNorm 128 and the head 64·128+128 + 128·10+10 = 9,610: 209,802. Attention parameters:
+# Nyström's depthwise conv, 2 heads × 35 taps per layer (mlpen's kernel 35; Skyformer has none); Linformer's E,
+# 2·256·2048 once (mlpen, shared by the layers); softmax and Performer none (Performer's projection is a buffer).
+# Ours has 17 ListOps embedding rows where the references have 32 (docs/fidelity.md): 960 fewer everywhere.
+REFERENCE_BASE, UNUSED_ROWS = 209_802, 15 * 64
+REFERENCE_COUNTS = {
+    ("nystromformer", "full"): REFERENCE_BASE,
+    ("nystromformer", "nystrom"): REFERENCE_BASE + 2 * 2 * 35,
+    ("nystromformer", "linformer"): REFERENCE_BASE + 2 * 256 * 2048,
+    ("nystromformer", "performer"): REFERENCE_BASE,
+    ("skyformer", "full"): REFERENCE_BASE,
+    ("skyformer", "nystrom"): REFERENCE_BASE,
+    ("skyformer", "linformer"): REFERENCE_BASE,  # its E is never registered (a named deviation: we train E)
+    ("skyformer", "performer"): REFERENCE_BASE,
+}
+SKYFORMER_LINFORMER_E = 2 * 2 * 128 * 2048  # one E [2, 128, 2048] per layer, trained here
+
+
+@pytest.mark.parametrize(("protocol", "attn"), sorted(REFERENCE_COUNTS))
+def test_each_protocol_network_has_the_reference_parameter_count(protocol: str, attn: str) -> None:
+    from lra_bench.config.plain import plain_dict
+    from lra_bench.run.build import build_network, selector_node
+    from tests.conftest import compose
+
+    cfg = compose(["task=listops", f"attn={attn}", f"protocol={protocol}"])
+    net = build_network(
+        vocab_size=int(cfg.task.vocab_size),
+        seq_len=int(cfg.task.seq_len),
+        num_classes=int(cfg.task.num_classes),
+        dual=bool(cfg.task.dual),
+        model=plain_dict(cfg.model),
+        attn=plain_dict(cfg.attn),
+        selector=selector_node(cfg),
+    )
+    expected = REFERENCE_COUNTS[(protocol, attn)] - UNUSED_ROWS
+    expected += SKYFORMER_LINFORMER_E if (protocol, attn) == ("skyformer", "linformer") else 0
+    assert sum(p.numel() for p in net.parameters()) == expected

@@ -26,6 +26,7 @@ from tests.conftest import compose
 # The data part of every fixture's identity (a prepared data module's source and cache key).
 DATA_MODULE = SimpleNamespace(data_info=lambda: {"source": None}, cache_path="/cache/listops/v1-0123456789ab")
 NYSTROM = "nystrom / segment_means (m=64)"
+SKY_NYSTROM = "nystrom / segment_means (m=128)"  # Skyformer's own size (conf/protocol_attn/skyformer_nystrom.yaml)
 
 
 def _write(
@@ -164,7 +165,7 @@ def test_pareto_reference_is_the_on_protocol_full_of_its_key(tmp_path: Path) -> 
     assert average[NYSTROM][1] == "2.00×" and average[NYSTROM][2] == "49.00"  # its own task rows, not the off ones
     assert average[f"{NYSTROM} ⚠ off-protocol"][1] == "0.25×" and average[f"{NYSTROM} ⚠ off-protocol"][5] == ""
     assert "[skyformer]" not in _between(md, "## Speed, accuracy and memory", "\n- ")  # no reference: no chart
-    assert f"{NYSTROM} on listops [skyformer]: left out of the chart, no speed ratio drawn (no on-protocol " in md
+    assert f"{SKY_NYSTROM} on listops [skyformer]: left out of the chart, no speed ratio drawn (no on-protocol " in md
 
 
 # -- item 4: every experiment its own row, with a unique label ----------------------------------------------------
@@ -218,7 +219,7 @@ def test_reproduction_verdict_is_the_t_interval_over_seeds() -> None:
 def test_published_numbers_say_whether_our_on_protocol_runs_reproduce_them(mixed: dict[str, Any]) -> None:
     verdicts = {(r["protocol"], r["published_source"], r["method"], r["target"]): r for r in mixed["reproduced"]}
     # skyformer nystrom, listops 37.90 ± … (seeds 37.9, 38.0) against Skyformer Table 1's 37.95: inside
-    sky = verdicts[("skyformer", "Skyformer Table 1", NYSTROM, "listops")]
+    sky = verdicts[("skyformer", "Skyformer Table 1", SKY_NYSTROM, "listops")]
     assert sky["verdict"].startswith("reproduced") and float(sky["published"]) == pytest.approx(37.95)
     full = verdicts[("skyformer", "Skyformer Table 1", "full", "listops")]  # 36.0, 36.1 vs 38.71
     assert full["verdict"] == "not reproduced: published above our 95% CI"
@@ -227,7 +228,7 @@ def test_published_numbers_say_whether_our_on_protocol_runs_reproduce_them(mixed
     assert {r["protocol"] for r in mixed["reproduced"]} == {"nystromformer", "skyformer"}
     block = _between(mixed["md"], "#### protocol: skyformer — do our runs reproduce the published numbers?", "\n## ")
     row = _table_rows(block)["Nyströmformer (Skyformer Table 1)"]
-    assert row[1:4] == ["ListOps", "37.95", NYSTROM] and row[5].startswith("reproduced")
+    assert row[1:4] == ["ListOps", "37.95", SKY_NYSTROM] and row[5].startswith("reproduced")
     assert "Avg-5 = mean of the five tasks without Path-X" in block and "Path-X FAIL or not run = 50" in block
     # where an average is shown, its convention is stated
     ranking = _between(mixed["md"], "## Ranking with uncertainty (ours)", "## Speed")

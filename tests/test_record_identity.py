@@ -133,7 +133,8 @@ def test_trainer_precision_is_part_of_the_fingerprint() -> None:
     ("overrides", "changed"),
     [
         (["attn=nystrom"], {}),
-        (["attn=nystrom", "attn.num_landmarks=32", "selector=kmeans", "seed=3", "diagnostics.max_len=64"], {}),
+        (["attn=gpa", "attn.num_landmarks=32", "selector=kmeans", "seed=3", "diagnostics.max_len=64"], {}),
+        (["attn=nystrom", "attn.num_landmarks=32"], {"attn.num_landmarks": {"protocol": 64, "run": 32}}),
         (["attn=nystrom", "trainer.max_steps=4"], {"trainer.max_steps": {"protocol": 5000, "run": 4}}),
         (["attn=full", "trainer=gpu", "trainer.accelerator=cpu"], {"trainer.precision": None}),
         (["attn=full", "optim.lr=1e-3", "data_dir=/elsewhere", "logger=none"], {"optim.lr": None}),

@@ -256,7 +256,8 @@ def test_lra_original_recipe_sets_split_and_pixel0_mask() -> None:
 
     cfg = compose(["protocol=lra_original", "task=image"])
     assert cfg.task.split == "lra_original" and cfg.task.pixel0_is_padding is True
-    assert compose(["protocol=nystromformer", "task=image"]).task.split == "source_order"
+    faithful = compose(["protocol=nystromformer", "task=image"]).task  # the reference's data (docs/fidelity.md)
+    assert (faithful.split, faithful.pixel0_is_padding) == ("lra_original", True)
     with pytest.raises(ConfigError) as err:
         validate(compose(["task=image", "task.split=random"]))
     assert str(err.value).startswith("task.split: Invalid value 'random', expected one of [lra_original, source_order]")
