@@ -11,7 +11,12 @@ the official size on first use), and what is needed to re-check its number goes 
   plus `checkpoints/last.ckpt` and the best-val checkpoint last.ckpt refers to — commit it, and a later
   `make reproduce` with the same arguments restores it and resumes bit-identically (on another machine too);
 * when it completes: `results.json`, `test_predictions.npz`, `identity.json`, the CSV metrics (`csv/`) and
-  `run.log` — no checkpoints; `in-progress/` is removed.
+  `run.log` — no checkpoints; `in-progress/` is removed. Before that copy, the approximation study of the best-val
+  checkpoint (`lra_bench.reproduction_approx`: the trained attention against exact softmax attention on a small
+  fixed validation probe) writes `approx.json` into the run dir and it is kept with the evidence. It is
+  failure-tolerant: a study that fails (or runs past `APPROX_TIMEOUT_S`) is reported and the evidence is kept
+  without it (the page says the file is missing); `--approx-only` makes it later for a completed run whose work
+  folder still holds its checkpoints, writing straight into the evidence folder.
 
 A completed evidence folder is left as it is. `docs/reproductions.md` is generated from `reproductions/`
 (`python -m lra_bench.reproductions`). Runs of a network the protocol no longer computes are moved to
@@ -36,7 +41,8 @@ EVIDENCE_ROOT = REPO / "reproductions"
 WORK_ROOT = REPO / "outputs" / "reproductions"
 IN_PROGRESS = "in-progress"
 #: what a completed run leaves as evidence (paths relative to its run dir; directories copied whole)
-EVIDENCE = ("results.json", "test_predictions.npz", "identity.json", "run.log", "csv")
+EVIDENCE = ("results.json", "test_predictions.npz", "identity.json", "run.log", "csv", "approx.json")
+APPROX_TIMEOUT_S = 1800.0  # the approximation study is minutes at most; past this it is given up (evidence kept)
 #: what an unfinished run needs to continue where it stopped (plus its checkpoints)
 PROGRESS = ("results.json", "identity.json", "run.log", "csv", ".hydra")
 
@@ -149,7 +155,66 @@ def record_status(path: Path) -> str | None:
         return None
 
 
+def approx_command(args: argparse.Namespace) -> str:
+    """The command that (re)makes a run's `approx.json`, as the file records it."""
+    return (
+        f"python -m lra_bench.reproduce --approx-only --task {args.task} --attn {args.attn} --seed {args.seed} "
+        f"--protocol {args.protocol}"
+    )
+
+
+def approx_study(run: Path, out: Path, args: argparse.Namespace, timeout_s: float = APPROX_TIMEOUT_S) -> bool:
+    """`lra_bench.reproduction_approx` on the completed run in `run`, written to `out`, as a child process (a crash,
+    an exhausted memory or a hang cannot take the evidence with it). False, said on stdout, when it failed."""
+    from lra_bench.reproduction_approx import APPROX_FILE
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "lra_bench.reproduction_approx",
+        "--run",
+        str(run),
+        "--out",
+        str(out),
+        "--threads",
+        str(args.threads),
+        "--command",
+        approx_command(args),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"[reproduce] the approximation study ran past {timeout_s:.0f} s: no {APPROX_FILE}", flush=True)
+        return False
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        print(f"[reproduce] the approximation study failed ({proc.returncode}): no {APPROX_FILE}", flush=True)
+        for line in tail:
+            print(f"[reproduce]   {line}", flush=True)
+        return False
+    print(proc.stdout.strip(), flush=True)
+    return True
+
+
+def approx_only(args: argparse.Namespace) -> int:
+    """`--approx-only`: the approximation study of a completed reproduction, into its evidence folder."""
+    from lra_bench.reproduction_approx import APPROX_FILE
+
+    evidence = evidence_dir(args.protocol, args.task, args.attn, args.seed, Path(args.evidence_root))
+    run = run_dir(args.protocol, args.task, args.attn, args.seed, Path(args.work_root))
+    if record_status(evidence / "results.json") != "completed":
+        print(f"[reproduce] {evidence} holds no completed run: nothing to study", file=sys.stderr)
+        return 1
+    if not any((run / "checkpoints").glob("best*.ckpt")):
+        print(f"[reproduce] {run} has no best-val checkpoint (checkpoints/best-*.ckpt): cannot study", file=sys.stderr)
+        return 1
+    return 0 if approx_study(run, evidence / APPROX_FILE, args) else 1
+
+
 def reproduce(args: argparse.Namespace) -> int:
+    if args.approx_only:
+        return approx_only(args)
     evidence = evidence_dir(args.protocol, args.task, args.attn, args.seed, Path(args.evidence_root))
     run = run_dir(args.protocol, args.task, args.attn, args.seed, Path(args.work_root))
     if record_status(evidence / "results.json") == "completed":
@@ -177,6 +242,10 @@ def reproduce(args: argparse.Namespace) -> int:
             last_snapshot = time.monotonic()
     code = child.returncode if child.returncode >= 0 else 128 - child.returncode  # killed by a signal: the shell's code
     if code == 0 and record_status(run / "results.json") == "completed":
+        from lra_bench.reproduction_approx import APPROX_FILE
+
+        (run / APPROX_FILE).unlink(missing_ok=True)  # never an earlier study's file beside this run's evidence
+        approx_study(run, run / APPROX_FILE, args)  # failure-tolerant: the evidence is kept either way
         keep_evidence(run, evidence)
         print(f"[reproduce] completed: evidence in {evidence}")
         return 0
@@ -201,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-root", default=str(WORK_ROOT))
     parser.add_argument(
         "--override", action="append", default=[], help="a config override: makes the run off-protocol (for trials)"
+    )
+    parser.add_argument(
+        "--approx-only",
+        action="store_true",
+        help="only the approximation study of a completed run (its work folder's best-val checkpoint) into its "
+        "evidence folder's approx.json",
     )
     return reproduce(parser.parse_args(argv))
 

@@ -23,6 +23,13 @@ the class prior, val accuracy 0.16–0.19, until step ~2,200), so a run cut shor
 time", reports the prior. It is the first evaluation whose accuracy exceeds the validation set's majority-class
 share by `PRIOR_MARGIN`.
 
+Approximation quality and accuracy: each completed run of the current network may keep `approx.json` beside its
+evidence (`lra_bench.reproduction_approx`: its best-val checkpoint's own attention against exact softmax attention on
+a small fixed validation probe). The page lists test accuracy, mean output error and the rank of Â of each, and the
+Spearman rank correlation of accuracy against output error (GPA's paper asserts that better approximation gives
+better accuracy: a negative ρ) with its n and p-value — only with runs of at least `MIN_ATTENTIONS` attentions;
+with fewer it says n is too small to read a link. Variants keep no checkpoints, so they have no approx.json.
+
 `--check` regenerates the page in memory and fails when the committed one differs (CI runs it through the tests).
 The figure is written next to the page; it is not compared byte for byte (fonts and library versions differ).
 """
@@ -49,6 +56,9 @@ from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
 from lra_bench.reproduce import IN_PROGRESS, REPO
+from lra_bench.reproduction_approx import APPROX_FILE, EXACT
+from lra_bench.reproduction_approx import output_error as approx_output_error
+from lra_bench.reproduction_approx import read as read_approx
 from lra_bench.stats.power import seeds_per_arm
 
 PAGE = REPO / "docs" / "reproductions.md"
@@ -57,6 +67,8 @@ DIFFERENCE_PP = 1.0  # the gap the page sizes seeds for: about the spread of the
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
 #: what `make reproduce` reproduces by default: its rows are shown even before a run exists
 DEFAULT_TARGET = ("nystromformer", "listops")
+MIN_ATTENTIONS = 3  # the distinct attentions a rank correlation of accuracy against approximation error needs
+ALPHA = 0.05  # the p-value below which the page calls a rank correlation distinguishable from none
 VARIANTS = "variants"  # reproductions/variants/<name>/…: runs of a network the protocol no longer computes
 SNAPSHOT_PROGRESS = "checkpoint.json"  # a variant snapshot's last checkpoint, read before the file was deleted
 #: what a variant is, for its section's heading (its folder's README.md says it in full)
@@ -465,9 +477,150 @@ def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:
     if figure and any(r.curve for r in faithful):
         lines += ["## Validation accuracy against step", "", f"![validation accuracy of every run]({figure})", ""]
     lines += ["## GPA against Nyströmformer", "", *comparison(root, faithful, targets=targets)]
+    lines += approximation_section(faithful, variants)
     for variant in variants:
         lines += variant_section(root, [r for r in runs if r.variant == variant], variant, figure)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def approximation_rows(runs: list[Run]) -> tuple[list[tuple[Run, dict[str, Any]]], list[Run]]:
+    """The completed on-protocol runs of the current network with an `approx.json` (run, its content), and those
+    without one."""
+    done = [r for r in runs if r.variant is None and r.completed and r.record.get("off_protocol") is False]
+    have, missing = [], []
+    for r in done:
+        data = read_approx(r.folder)
+        if data is not None and approx_output_error(data) is not None and r.test_acc is not None:
+            have.append((r, data))
+        else:
+            missing.append(r)
+    return have, missing
+
+
+def rank_correlation(points: list[tuple[str, float, float]]) -> str:
+    """Spearman's ρ of test accuracy against output error over (attention, accuracy, error) points, read honestly:
+    only with runs of `MIN_ATTENTIONS` attentions or more; a verdict only when p < `ALPHA`, and then as an
+    association across these runs, not as a cause."""
+    n, attentions = len(points), len({a for a, _, _ in points})
+    counted = f"n = {n} run{'s' * (n != 1)} of {attentions} attention{'s' * (attentions != 1)}"
+    if attentions < MIN_ATTENTIONS:
+        return (
+            f"Rank correlation of test accuracy against output error: {counted}: too few to read a link (it needs "
+            f"runs of at least {MIN_ATTENTIONS} attentions; no ρ is computed)."
+        )
+    from scipy.stats import spearmanr
+
+    accs, errors = [p[1] for p in points], [p[2] for p in points]
+    if len(set(accs)) < 2 or len(set(errors)) < 2:
+        return f"Spearman ρ of test accuracy against output error: undefined ({counted}: one of them does not vary)."
+    result = spearmanr(accs, errors)
+    rho, p = float(result.statistic), float(result.pvalue)
+    if not math.isfinite(rho):
+        return f"Spearman ρ of test accuracy against output error: undefined ({counted}: one of them does not vary)."
+    said = f"Spearman ρ of test accuracy against output error = {rho:+.3f} ({counted}, two-sided p = {p:.3g})"
+    if p >= ALPHA:
+        reading = (
+            f"p ≥ {ALPHA:g}: these runs do not distinguish the link from no link — no support for, and no evidence "
+            "against, the claim that lower approximation error gives higher accuracy"
+        )
+    elif rho < 0:
+        reading = (
+            f"p < {ALPHA:g}: across these runs lower output error goes with higher test accuracy, as GPA's paper "
+            "asserts — an association over these methods and seeds, not a proof that one causes the other"
+        )
+    else:
+        reading = (
+            f"p < {ALPHA:g}: across these runs higher output error goes with higher test accuracy — the opposite "
+            "of what GPA's paper asserts"
+        )
+    shared = (
+        f" The {n} runs are of {attentions} attentions: seeds of one attention share its method, so they are not "
+        f"{n} independent methods."
+        if n > attentions
+        else ""
+    )
+    return f"{said}. {reading}.{shared}"
+
+
+def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list[str]:
+    """Accuracy beside approximation error for every completed on-protocol run of the current network with an
+    `approx.json`; the rank correlation across them, read honestly; which completed runs lack the file."""
+    have, missing = approximation_rows(runs)
+    lines = [
+        "## Approximation quality and accuracy",
+        "",
+        "GPA's paper asserts that \"superior approximation quality translates directly to improved downstream "
+        'performance". For each completed run, `approx.json` beside its evidence holds the approximation study of '
+        "its best-val checkpoint (`python -m lra_bench.reproduce --approx-only …`, made by `make reproduce` when "
+        "the run completes): each layer and head's own trained attention Â against exact softmax attention A on the "
+        "same inputs of a small fixed probe of validation sequences (the file says which), fp64. *Output error*: "
+        "the mean over sequences, layers and heads of ‖(A − Â)V‖_F / ‖AV‖_F; *rank of Â*: the median numerical "
+        "rank (σ_i > 10⁻³·σ_1), beside the effective rank budget the method spent. Full attention's error is 0 by "
+        "definition (Â = A).",
+        "",
+    ]
+    if have:
+        body = []
+        for r, data in sorted(have, key=lambda x: (x[0].protocol, x[0].task, x[0].attn, x[0].seed)):
+            rank, probe = data.get("rank") or {}, data.get("probe") or {}
+            error = approx_output_error(data)
+            shown = "0 (by definition)" if r.attn == EXACT else f"{error:.4f}"
+            budget = rank.get("budget_effective_median")
+            body.append(
+                [
+                    f"{r.protocol}/{r.task}/{r.attn}/seed-{r.seed}",
+                    r.attn,
+                    r.seed,
+                    _pct(r.test_acc),
+                    shown,
+                    _number(rank.get("a_hat_numerical_median")),
+                    "none (full rank)" if budget is None or r.attn == EXACT else _number(budget),
+                    f"{probe.get('sequences', '?')} × ≤ {probe.get('max_len', '?')} tokens",
+                    (data.get("checkpoint") or {}).get("step", "?"),
+                ]
+            )
+        header = [
+            "run",
+            "attention",
+            "seed",
+            "test acc %",
+            "output error",
+            "rank of Â",
+            "rank budget",
+            "probe",
+            "checkpoint step",
+        ]
+        lines += [*table(header, body), ""]
+        points = [(r.attn, 100 * float(r.test_acc or 0.0), float(approx_output_error(d) or 0.0)) for r, d in have]
+        lines += [rank_correlation(points), ""]
+    else:
+        lines += [
+            "No completed run of the protocol's current network has an `approx.json` yet: nothing to set accuracy "
+            "against. " + rank_correlation([]),
+            "",
+        ]
+    if missing:
+        names = ", ".join(f"`{r.protocol}/{r.task}/{r.attn}/seed-{r.seed}`" for r in missing)
+        lines += [
+            f"Completed runs without `{APPROX_FILE}` (the study failed or was not run; not in the table or the "
+            f"correlation): {names}. `python -m lra_bench.reproduce --approx-only --task <t> --attn <a> --seed <s>` "
+            "makes it while the run's work folder still holds its best-val checkpoint.",
+            "",
+        ]
+    if variants:
+        said = ", ".join(f"`{v}`" for v in variants)
+        lines += [
+            f"The variants' runs ({said}, below) kept no checkpoints, so they have no approximation study and are not "
+            "in this section.",
+            "",
+        ]
+    return lines
+
+
+def _number(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "—"
+    return f"{value:g}" if float(value).is_integer() else f"{value:.1f}"
 
 
 def variant_section(root: Path, runs: list[Run], variant: str, figure: str | None) -> list[str]:

@@ -260,6 +260,8 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
     assert record["status"] == "completed" and record["metrics"]["train_steps"] == 24
     assert [s["from_step"] for s in record["run"]["segments"]] == [0, stopped_at]
     assert sorted(p.name for p in evidence.iterdir()) == sorted(reproduce.EVIDENCE)
+    approx = reproductions.read_approx(evidence)  # the study of the best-val checkpoint, made before the copy
+    assert approx is not None and approx["attn"] == "nystrom" and approx["output_error"]["mean"] > 0
     runs = reproductions.collect(tmp_path / "evidence")
     assert len(runs) == 1 and runs[0].completed and (runs[0].wall_s() or 0.0) > 24 * 0.3
     page = reproductions.render(tmp_path / "evidence")
