@@ -87,22 +87,11 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def best_checkpoint_of(last: Path) -> str | None:
-    """The best-val checkpoint file name `last` refers to (its ModelCheckpoint state), if any."""
-    from lra_bench.run.checkpointing import load_checkpoint
-
-    state = load_checkpoint(last)
-    for key, value in (state.get("callbacks") or {}).items():
-        if "BestCheckpoint" in str(key) or "ModelCheckpoint" in str(key):
-            path = value.get("best_model_path") if isinstance(value, dict) else None
-            if path:
-                return Path(path).name
-    return None
-
-
 def snapshot(run: Path, evidence: Path) -> bool:
     """Copy an unfinished run's state into `evidence/in-progress/` (replacing the previous snapshot whole, so the
     folder is always one consistent state). False when there is no complete checkpoint pair to copy yet."""
+    from lra_bench.run.checkpointing import best_checkpoint_of  # lra_bench.run loads torch and Lightning
+
     ckpts = run / "checkpoints"
     last = ckpts / "last.ckpt"
     if not last.exists():

@@ -69,6 +69,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
+def best_checkpoint_of(last: Path) -> str | None:
+    """The best-val checkpoint file name `last` refers to (its ModelCheckpoint state), if any."""
+    state = load_checkpoint(last)
+    for key, value in (state.get("callbacks") or {}).items():
+        if "BestCheckpoint" in str(key) or "ModelCheckpoint" in str(key):
+            path = value.get("best_model_path") if isinstance(value, dict) else None
+            if path:
+                return Path(path).name
+    return None
+
+
 def read_checkpoint(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
     """`(checkpoint, None)` when `path` can be resumed or tested from, else `(None, why not)`: unreadable, not
     weights-only, or incomplete. One load; the caller keeps the checkpoint instead of reading the file again."""
