@@ -82,20 +82,10 @@ SKYFORMER_LINFORMER_E = 2 * 2 * 128 * 2048  # one E [2, 128, 2048] per layer, tr
 
 @pytest.mark.parametrize(("protocol", "attn"), sorted(REFERENCE_COUNTS))
 def test_each_protocol_network_has_the_reference_parameter_count(protocol: str, attn: str) -> None:
-    from lra_bench.config.plain import plain_dict
-    from lra_bench.run.build import build_network, selector_node
+    from lra_bench.bench.step import faithful_network  # the network a protocol run builds, from its config
     from tests.conftest import compose
 
-    cfg = compose(["task=listops", f"attn={attn}", f"protocol={protocol}"])
-    net = build_network(
-        vocab_size=int(cfg.task.vocab_size),
-        seq_len=int(cfg.task.seq_len),
-        num_classes=int(cfg.task.num_classes),
-        dual=bool(cfg.task.dual),
-        model=plain_dict(cfg.model),
-        attn=plain_dict(cfg.attn),
-        selector=selector_node(cfg),
-    )
+    net = faithful_network(compose(["task=listops", f"attn={attn}", f"protocol={protocol}"]))
     expected = REFERENCE_COUNTS[(protocol, attn)] - UNUSED_ROWS
     expected += SKYFORMER_LINFORMER_E if (protocol, attn) == ("skyformer", "linformer") else 0
     assert sum(p.numel() for p in net.parameters()) == expected

@@ -14,6 +14,7 @@ import pytest
 
 from lra_bench import reproduce, reproduction_approx, reproductions
 from tests.conftest import TINY_LISTOPS, run_cli
+from tests.test_reproductions import _record
 
 KEYS = {
     "schema_version",
@@ -143,21 +144,6 @@ def test_the_summary_means_and_full_attention_is_zero_by_definition() -> None:
     assert exact["output_error"] == {"mean": 0.0, "median": 0.0} and "by definition" in exact["by_definition"]
     assert exact["rounding"] == {"output_error_max": 2e-8}
     assert exact["layers"][0]["heads"][0]["output_error_mean"] == 0.0
-
-
-def _record(attn: str, seed: int, test_acc: float) -> dict[str, Any]:
-    return {
-        "status": "completed",
-        "protocol": "nystromformer",
-        "task": "listops",
-        "attn": attn,
-        "seed": seed,
-        "off_protocol": False,
-        "metrics": {"test_acc": test_acc, "train_steps": 5000, "val_acc": test_acc, "best_step": 5000},
-        "run": {"planned_steps": 5000, "segments": [], "finished_at": None},
-        "config": {"trainer": {"precision": "32-true"}},
-        "data": {"split": "generated files (train/val/test as generated)", "origin": {"kind": "generated"}},
-    }
 
 
 def _evidence(root: Path, attn: str, seed: int, acc: float, error: float | None, variant: str | None = None) -> None:
