@@ -30,6 +30,8 @@ $(STAMP): pyproject.toml
 	# torch first, from the index TORCH chose; the project's own torch spec then accepts it as installed.
 	$(PY) -m pip install -q "torch==2.13.0" $(TORCH_INDEX_$(TORCH))
 	$(PY) -m pip install -q -e ".[dev]"
+	# the compiled CPU kernels (a machine without a compiler runs their eager forms: one line, not an error)
+	$(PY) -m models.kernels
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install the project (idempotent); TORCH=cpu: the CPU-only torch wheel

@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -211,15 +211,17 @@ def time_protocol(
     rate: float | None = None,
     device: torch.device | None = None,
     dropout: str = "packed",
+    kernel: str | None = None,
 ) -> StepTiming:
     """Time the faithful training step and an evaluation batch of `attn` on `task` under `protocol` (see the
     module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`); `dropout="native"`
-    swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured)."""
+    swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured); `kernel`
+    sets `attn.kernel` of an attention that has a compiled core (`kernel_choices`) and names it in the row."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from lra_bench.bench.machine import matmul_rate
 
-    cfg = protocol_config(task, attn, protocol, list(extra or []))
+    cfg = protocol_config(task, attn, protocol, [*(extra or []), *([f"attn.kernel={kernel}"] if kernel else [])])
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
     model = _network(cfg, device, dropout)
@@ -259,7 +261,7 @@ def time_protocol(
     step_s, eval_s = statistics.median(times), statistics.median(eval_times)
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s, step_s, step_s]
     return StepTiming(
-        attn=attn if dropout == "packed" else f"{attn} ({dropout} dropout)",
+        attn=attn + (f" ({dropout} dropout)" if dropout != "packed" else "") + (f" ({kernel} kernel)" * bool(kernel)),
         task=task,
         protocol=protocol,
         precision=precision,
@@ -278,6 +280,14 @@ def time_protocol(
         device=str(device),
         load_1m=(load + os.getloadavg()[0]) / 2,
     )
+
+
+def kernel_choices(attn: str, kernels: list[str]) -> list[str | None]:
+    """The `attn.kernel` values to time `attn` with: `kernels` for an attention whose config has that knob (a
+    compiled core of its own, timed beside its eager form), one untagged row for every other."""
+    from lra_bench.registry import ATTENTIONS
+
+    return list(kernels) if "kernel" in {f.name for f in fields(ATTENTIONS.config(attn))} else [None]
 
 
 def markdown(rows: list[StepTiming]) -> list[str]:
@@ -336,6 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dropout", nargs="+", default=["packed"], choices=["packed", "native"], help="native: torch's nn.Dropout"
     )
+    parser.add_argument(
+        "--kernels", nargs="+", default=["fused"], choices=["fused", "eager"], help="attn.kernel of a compiled core"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here (results_doc --step)")
     parser.add_argument("--title", default=None, help="what the measurement is (the machine's state): for the doc")
     parser.add_argument("overrides", nargs="*", help="config overrides (any change makes the timing off-protocol)")
@@ -357,10 +370,12 @@ def main(argv: list[str] | None = None) -> None:
             rate=rate,
             device=device,
             dropout=d,
+            kernel=k,
         )
         for a in args.attn
         for p in args.precisions
         for d in args.dropout
+        for k in kernel_choices(a, args.kernels)
     ]
     conditions = (
         f"{args.task}, protocol {args.protocol}, on {where(device)} — fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, "

@@ -72,6 +72,10 @@ ARCHITECTURE: tuple[str, ...] = (
     "pretraining",  # an mlm encoder has one more embedding row (the mask token)
 )
 
+#: keys under `ARCHITECTURE` that choose how a component computes, not what its weights mean: they stay in the
+#: identity (they move results at fp32 rounding), but a checkpoint trained with one value loads under the other
+KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel",)
+
 
 def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """`{"a": {"b": 1}}` → `{"a.b": 1}`; lists stay values (compared whole)."""
@@ -155,7 +159,7 @@ def result_view(identity: Mapping[str, Any]) -> dict[str, Any]:
 
 def architecture(identity: Mapping[str, Any]) -> dict[str, Any]:
     """The `ARCHITECTURE` part of an identity (what a checkpoint's state dict depends on)."""
-    return {k: v for k, v in identity.items() if under(k, ARCHITECTURE)}
+    return {k: v for k, v in identity.items() if under(k, ARCHITECTURE) and not under(k, KERNEL_CHOICES)}
 
 
 def describe(identity: Mapping[str, Any], keys: Iterable[str], limit: int = 6) -> str:

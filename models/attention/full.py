@@ -1,6 +1,10 @@
 """Exact softmax attention through `torch.nn.functional.scaled_dot_product_attention` (flash/efficient
 kernels on GPU when the mask allows). Supports the causal mode (`set_causal(True)`) used by causal
-self-pretraining: the key mask and the lower triangle combined."""
+self-pretraining: the key mask and the lower triangle combined.
+
+Training with dropout on the weights on the CPU, where SDPA has no fused kernel and materialises every n × n
+weight, mask and gradient, goes through the compiled flash kernel (`models.kernels.flash_attention`) when
+`kernel: fused` and it can be built: the same attention at fp32 rounding, with its own dropout stream."""
 
 from __future__ import annotations
 
@@ -12,6 +16,10 @@ import torch.nn.functional as F
 
 from models.attention.base import Attention
 from models.cost import Flops, Params, fused_memory
+from models.kernels import flash_attention
+
+#: the values of `FullConfig.kernel`
+KERNELS = ("fused", "eager")
 
 
 @dataclass
@@ -20,6 +28,7 @@ class FullConfig:
 
     name: str = "full"
     dropout: float = 0.0  # attention-weight dropout (training only)
+    kernel: str = "fused"  # fused (CPU training with dropout: the compiled flash kernel) | eager (SDPA only)
 
 
 def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -45,13 +54,26 @@ class FullAttention(Attention):
     supports_causal = True
 
     def configure(self, cfg: FullConfig) -> None:
+        if cfg.kernel not in KERNELS:
+            raise ValueError(f"attn.kernel={cfg.kernel!r}: expected one of {', '.join(KERNELS)}")
         self.dropout = cfg.dropout
+        self.kernel = cfg.kernel
+
+    def _fused(self, q: torch.Tensor, p: float) -> bool:
+        """Whether this call goes through the compiled flash kernel: CPU training with dropout, fp32/fp64, no
+        causal mask, `kernel: fused`, and the kernel built on this machine."""
+        if p == 0.0 or self.causal or self.kernel != "fused" or q.device.type != "cpu":
+            return False
+        return q.dtype in (torch.float32, torch.float64) and flash_attention.kernel() is not None
 
     def _keys(self, q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
         return causal_key_mask(mask, q.shape[-2], q.device) if self.causal else key_mask(mask)
 
     def forward(self, q, k, v, mask):
         p = self.dropout if self.training else 0.0
+        if self._fused(q, p):
+            keys = None if mask is None else mask | ~mask.any(-1, keepdim=True)
+            return flash_attention.flash_dropout_attention(q, k, v, keys, p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self._keys(q, mask), dropout_p=p)
 
     def implied_matrix(self, q, k, mask):

@@ -1,0 +1,54 @@
+"""Compiled CPU kernels, built from the C++ sources beside this file on first use.
+
+Why compiled: the CPU training step spends most of its time in memory passes torch runs one op at a time; a fused
+kernel does the same arithmetic in one pass over data that stays in cache (see each source's header for what it
+computes). Built with torch's C++ extension tooling into a cache folder per torch version, Python version and CPU
+capability (`LRA_BENCH_KERNEL_CACHE`, default `~/.cache/lra-bench/kernels`), so the first run on a machine compiles
+(about a minute) and every later one loads. The sources never use `-march=native`: their vector loops are compiled
+for AVX-512, AVX2 and a baseline and picked at load time, so a cache on a shared file system serves every node.
+
+A machine that cannot build them (no compiler, no headers) gets `None` from `load` and one line on stderr; callers
+then run their eager form.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCES = Path(__file__).parent
+
+
+def cache_dir() -> Path:
+    """The build folder of this torch, Python and CPU capability."""
+    root = Path(os.environ.get("LRA_BENCH_KERNEL_CACHE", Path.home() / ".cache" / "lra-bench" / "kernels"))
+    tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    return root / f"{tag}-{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}".replace("+", "_")
+
+
+@cache
+def load(name: str) -> ModuleType | None:
+    """The compiled module of `SOURCES/<name>.cpp`, built on first use; None (with one line on stderr) where it
+    cannot be built."""
+    from torch.utils import cpp_extension  # imports setuptools: only when a kernel is asked for
+
+    build = cache_dir() / name
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(
+            name=f"lra_bench_{name}",
+            sources=[str(SOURCES / f"{name}.cpp")],
+            build_directory=str(build),
+            extra_cflags=["-O3"],
+            verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"[lra-bench] kernel {name!r} could not be built ({first}); running the eager form", file=sys.stderr)
+        return None

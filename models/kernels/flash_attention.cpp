@@ -1,0 +1,215 @@
+// Exact softmax attention with dropout on the attention weights, on the CPU, without the n x n matrix.
+//
+// Why: torch's CPU scaled_dot_product_attention has a fused (flash) kernel only for dropout 0; with dropout it
+// materialises B*H*n*n weights, a mask and their gradients (at B=32, H=2, n=2048: 1 GiB per tensor), which made
+// the reference's training of full attention (dropout 0.1 on the weights) ~20x slower than without dropout.
+//
+// What it computes, per (batch, head) and per block of query rows (the block's scores fit in the core's cache):
+//   P = softmax(Q K^T * scale + key_bias),  O = (P * keep / (1 - p)) V
+// where keep is a Bernoulli(1 - p) mask made inside the kernel from a counter-based hash of (seed, batch*head,
+// row, column): the backward regenerates it from the same seed instead of storing it, as FlashAttention does on
+// GPUs. The mask depends only on the seed and the element's position, never on the thread count or the block size.
+// Products go through ATen's mm (the BLAS torch uses), softmax through ATen's vectorised kernel (runtime CPU
+// dispatch); the hash and the elementwise gradient loops are compiled for AVX-512, AVX2 and a baseline, chosen at
+// load time by the dynamic loader (GCC target_clones), so one build runs on every x86-64 machine.
+//
+// Backward (the standard flash-attention derivation, with D_i = rowsum(dO_i * O_i) passed in):
+//   dV += (P*keep/(1-p))^T dO,   dP = (dO V^T) * keep/(1-p),   dS = P * (dP - D),
+//   dQ = dS K * scale,           dK += dS^T Q * scale.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kQueryBlock = 128;  // query rows per block: 128 x 2048 fp32 scores = 1 MiB
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LRA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LRA_CLONES
+#endif
+
+// murmur3's 32-bit finaliser: a bijection with full avalanche, so consecutive counters give independent bits
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  x *= 0xc2b2ae35u;
+  x ^= x >> 16;
+  return x;
+}
+
+// the key of one row of one (batch, head): every element's bits are mix32(row_key + column * golden)
+inline uint32_t row_key(uint64_t seed, int64_t bh, int64_t row, int64_t rows) {
+  const uint64_t counter = static_cast<uint64_t>(bh) * static_cast<uint64_t>(rows) + static_cast<uint64_t>(row);
+  uint32_t key = mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9u));
+  key = mix32(key ^ static_cast<uint32_t>(counter));
+  return mix32(key + static_cast<uint32_t>(counter >> 32) * 0x85ebca6bu);
+}
+
+inline bool kept(uint32_t key, int64_t column, uint32_t threshold) {
+  return mix32(key + static_cast<uint32_t>(column) * 0x9e3779b9u) >= threshold;
+}
+
+template <typename T>
+inline __attribute__((always_inline)) void drop_row_impl(const T* p, T* out, int64_t n, uint32_t key,
+                                                           uint32_t threshold, T scale) {
+  for (int64_t j = 0; j < n; ++j) out[j] = kept(key, j, threshold) ? p[j] * scale : T(0);
+}
+
+// dS = P * (dPdrop * keep * scale - D)
+template <typename T>
+inline __attribute__((always_inline)) void grad_row_impl(const T* p, const T* dpdrop, T* ds, int64_t n,
+                                                           uint32_t key, uint32_t threshold, T scale, T d) {
+  for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * ((kept(key, j, threshold) ? dpdrop[j] * scale : T(0)) - d);
+}
+
+LRA_CLONES void drop_row(const float* p, float* out, int64_t n, uint32_t key, uint32_t threshold, float scale) {
+  drop_row_impl(p, out, n, key, threshold, scale);
+}
+LRA_CLONES void drop_row(const double* p, double* out, int64_t n, uint32_t key, uint32_t threshold, double scale) {
+  drop_row_impl(p, out, n, key, threshold, scale);
+}
+LRA_CLONES void grad_row(const float* p, const float* dpdrop, float* ds, int64_t n, uint32_t key,
+                         uint32_t threshold, float scale, float d) {
+  grad_row_impl(p, dpdrop, ds, n, key, threshold, scale, d);
+}
+LRA_CLONES void grad_row(const double* p, const double* dpdrop, double* ds, int64_t n, uint32_t key,
+                         uint32_t threshold, double scale, double d) {
+  grad_row_impl(p, dpdrop, ds, n, key, threshold, scale, d);
+}
+
+// P (or its dropped form) of one block: scores, key bias, softmax
+void block_probs(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_row, at::Tensor& scores,
+                 at::Tensor& probs) {
+  at::mm_out(scores, q_blk, k_t);
+  scores.add_(bias_row);
+  at::_softmax_out(probs, scores, 1, false);
+}
+
+template <typename T>
+void apply_dropout(at::Tensor& probs, at::Tensor& out, uint64_t seed, int64_t bh, int64_t row0, int64_t rows,
+                   uint32_t threshold, double scale) {
+  const int64_t r = probs.size(0), n = probs.size(1);
+  for (int64_t i = 0; i < r; ++i)
+    drop_row(probs.data_ptr<T>() + i * n, out.data_ptr<T>() + i * n, n, row_key(seed, bh, row0 + i, rows),
+             threshold, static_cast<T>(scale));
+}
+
+void check(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name, " must be float32 or float64");
+}
+
+uint32_t drop_threshold(double p) {
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout must be in [0, 1), got ", p);
+  return static_cast<uint32_t>(std::llround(p * 4294967296.0) > 4294967295LL ? 4294967295LL
+                                                                                : std::llround(p * 4294967296.0));
+}
+
+double keep_scale(uint32_t threshold) { return 4294967296.0 / (4294967296.0 - static_cast<double>(threshold)); }
+
+}  // namespace
+
+// q [BH, N, D] already multiplied by the softmax scale; k, v [BH, M, D]; bias [BH, M] (0 or -inf per key).
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double p,
+                   int64_t seed) {
+  check(q, "q");
+  check(k, "k");
+  check(v, "v");
+  check(bias, "bias");
+  const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
+  const uint32_t threshold = drop_threshold(p);
+  const double scale = keep_scale(threshold);
+  auto out = at::empty({bh, n, v.size(2)}, q.options());
+  at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
+    auto scores = at::empty({kQueryBlock, m}, q.options());
+    auto probs = at::empty({kQueryBlock, m}, q.options());
+    for (int64_t h = begin; h < end; ++h) {
+      const auto k_t = k[h].t();
+      const auto bias_row = bias[h].unsqueeze(0);
+      for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
+        const int64_t r = std::min(kQueryBlock, n - row0);
+        auto s = scores.narrow(0, 0, r), pr = probs.narrow(0, 0, r);
+        block_probs(q[h].narrow(0, row0, r), k_t, bias_row, s, pr);
+        AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flash_dropout_forward", [&] {
+          apply_dropout<scalar_t>(pr, s, static_cast<uint64_t>(seed), h, row0, n, threshold, scale);
+        });
+        auto o = out[h].narrow(0, row0, r);
+        at::mm_out(o, s, v[h]);
+      }
+    }
+  });
+  return out;
+}
+
+// grad_out [BH, N, Dv]; delta [BH, N] = rowsum(grad_out * out). Returns dq (for the scaled q), dk, dv.
+std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& bias, const at::Tensor& delta, double p,
+                                 int64_t seed) {
+  check(grad_out, "grad_out");
+  check(q, "q");
+  check(k, "k");
+  check(v, "v");
+  check(bias, "bias");
+  check(delta, "delta");
+  const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
+  const uint32_t threshold = drop_threshold(p);
+  const double scale = keep_scale(threshold);
+  auto dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
+    auto scores = at::empty({kQueryBlock, m}, q.options());
+    auto probs = at::empty({kQueryBlock, m}, q.options());
+    for (int64_t h = begin; h < end; ++h) {
+      const auto k_t = k[h].t();
+      const auto v_t = v[h].t();
+      const auto bias_row = bias[h].unsqueeze(0);
+      auto dk_h = dk[h], dv_h = dv[h];
+      for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
+        const int64_t r = std::min(kQueryBlock, n - row0);
+        auto s = scores.narrow(0, 0, r), pr = probs.narrow(0, 0, r);
+        const auto q_blk = q[h].narrow(0, row0, r), go = grad_out[h].narrow(0, row0, r);
+        block_probs(q_blk, k_t, bias_row, s, pr);
+        AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flash_dropout_backward", [&] {
+          apply_dropout<scalar_t>(pr, s, static_cast<uint64_t>(seed), h, row0, n, threshold, scale);
+          dv_h.addmm_(s.t(), go);  // dV += Pdrop^T dO
+          at::mm_out(s, go, v_t);  // dPdrop = dO V^T, into the scores buffer
+          const scalar_t* d = delta[h].data_ptr<scalar_t>() + row0;
+          for (int64_t i = 0; i < r; ++i) {
+            scalar_t* row = pr.data_ptr<scalar_t>() + i * m;
+            grad_row(row, s.data_ptr<scalar_t>() + i * m, row, m, row_key(static_cast<uint64_t>(seed), h, row0 + i, n),
+                     threshold, static_cast<scalar_t>(scale), d[i]);
+          }
+        });
+        auto dq_blk = dq[h].narrow(0, row0, r);
+        at::mm_out(dq_blk, pr, k[h]);  // dQ = dS K
+        dk_h.addmm_(pr.t(), q_blk);   // dK += dS^T Q
+      }
+    }
+  });
+  return {dq, dk, dv};
+}
+
+// The kernel's keep mask of rows [0, n) x columns [0, m) of one (batch, head), for tests against the materialised form.
+at::Tensor keep_mask(int64_t seed, int64_t bh, int64_t n, int64_t m, double p) {
+  const uint32_t threshold = drop_threshold(p);
+  auto mask = at::empty({n, m}, at::kBool);
+  auto* data = mask.data_ptr<bool>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = row_key(static_cast<uint64_t>(seed), bh, i, n);
+    for (int64_t j = 0; j < m; ++j) data[i * m + j] = kept(key, j, threshold);
+  }
+  return mask;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("forward", &forward, "flash attention with in-kernel dropout: forward");
+  module.def("backward", &backward, "flash attention with in-kernel dropout: backward");
+  module.def("keep_mask", &keep_mask, "the dropout keep mask the kernel draws for one (batch, head)");
+}

@@ -1,0 +1,137 @@
+"""The compiled flash attention with in-kernel dropout (`models.kernels.flash_attention`): against the materialised
+form with the kernel's own mask (fp64 values and gradients, fp32 at rounding), torch's gradcheck, the mask's
+distribution, independence from the thread count, and `attn=full` routing its CPU training through it.
+
+The first test in a fresh cache compiles the kernel (about a minute); the rest load it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from models.attention.full import FullAttention, FullConfig
+from models.kernels import flash_attention
+
+pytestmark = pytest.mark.skipif(flash_attention.kernel() is None, reason="the kernel cannot be built here")
+
+P = 0.1
+THRESHOLD = round(P * 2**32)
+KEEP_SCALE = 2**32 / (2**32 - THRESHOLD)
+
+
+def materialised(q, k, v, keys, p, seed):
+    """The oracle: every n × n weight, the kernel's keep mask applied, then the product with v (autograd's own
+    gradients through softmax and the products)."""
+    b, h, n, d = q.shape
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+    scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    mask = torch.stack([flash_attention.kernel().keep_mask(seed, i, n, k.shape[-2], p) for i in range(b * h)])
+    scale = 2**32 / (2**32 - min(round(p * 2**32), 2**32 - 1))
+    return (weights * mask.view(b, h, n, -1) * scale) @ v
+
+
+def inputs(dtype: torch.dtype, b: int = 2, h: int = 3, n: int = 300, d: int = 16):
+    """q, k, v (requiring grad) and a padded key mask: the last sequence ends in n/6 pads (at n = 300: 50, and the
+    rows span more than one block of queries, the last block of 44)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
+    keys = torch.ones(b, n, dtype=torch.bool)
+    keys[-1, n - n // 6 :] = False
+    return q, k, v, keys
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_values_and_gradients_match_the_materialised_form(dtype: torch.dtype, tol: float) -> None:
+    q, k, v, keys = inputs(dtype)
+    upstream = torch.randn(q.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    ours = flash_attention.flash_dropout_attention(q, k, v, keys, P, seed=1234)
+    oracle = materialised(q, k, v, keys, P, 1234)
+    torch.testing.assert_close(ours, oracle, rtol=tol, atol=tol)
+    grads = torch.autograd.grad(ours, (q, k, v), upstream), torch.autograd.grad(oracle, (q, k, v), upstream)
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_torch_gradcheck_in_fp64() -> None:
+    q, k, v, keys = inputs(torch.float64, b=1, h=2, n=20, d=4)
+    bias = torch.zeros(keys.shape, dtype=torch.float64).masked_fill_(~keys, float("-inf"))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: flash_attention.FlashDropoutAttention.apply(q, k, v, bias, 0.3, 99), (q, k, v)
+    )
+
+
+def test_each_weight_is_kept_with_probability_one_minus_p_independently() -> None:
+    mask = flash_attention.kernel().keep_mask(7, 3, 1024, 2048, P).numpy()
+    dropped = int((~mask).sum())
+    assert stats.binomtest(dropped, mask.size, THRESHOLD / 2**32).pvalue > 1e-4
+    # neighbours along a row and down a column are independent (χ² on the 2×2 tables)
+    for a, b in ((mask[:, :-1], mask[:, 1:]), (mask[:-1], mask[1:])):
+        table = np.array([[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]])
+        assert stats.chi2_contingency(table).pvalue > 1e-4, table
+    other_head = flash_attention.kernel().keep_mask(7, 4, 1024, 2048, P).numpy()
+    other_seed = flash_attention.kernel().keep_mask(8, 3, 1024, 2048, P).numpy()
+    assert 0.17 < np.mean(mask != other_head) < 0.19 and 0.17 < np.mean(mask != other_seed) < 0.19  # 2·p·(1−p)
+
+
+def test_kept_weights_are_scaled_so_the_expectation_is_the_softmax() -> None:
+    q, k, v, keys = inputs(torch.float64, b=1, h=1, n=64, d=8)
+    identity = torch.eye(64, dtype=torch.float64)[None, None]  # v = I: the output is the dropped weight matrix
+    dropped = flash_attention.flash_dropout_attention(q, k, identity, None, P, seed=5)
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], weights[kept] * KEEP_SCALE, rtol=1e-12, atol=0)
+
+
+def test_the_result_does_not_depend_on_the_thread_count() -> None:
+    q, k, v, keys = inputs(torch.float32, b=3, h=2, n=260, d=8)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            out = flash_attention.flash_dropout_attention(q, k, v, keys, P, seed=11)
+            results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
+
+
+def test_full_attention_trains_through_the_kernel_and_is_seeded_by_torch() -> None:
+    q, k, v, keys = inputs(torch.float32)
+    fused = FullAttention(16, 3, 300, FullConfig(dropout=P)).train()
+    torch.manual_seed(3)
+    first = fused(q, k, v, keys)
+    torch.manual_seed(3)
+    again = fused(q, k, v, keys)
+    torch.manual_seed(3)
+    seed = flash_attention.draw_seed()
+    assert torch.equal(first, again)
+    assert torch.equal(first, flash_attention.flash_dropout_attention(q, k, v, keys, P, seed=seed))
+    assert not torch.equal(first, fused(q, k, v, keys))  # a fresh mask on the next call
+    # evaluation has no dropout: SDPA, the same on both paths
+    eager = FullAttention(16, 3, 300, FullConfig(dropout=P, kernel="eager")).eval()
+    torch.testing.assert_close(fused.eval()(q, k, v, keys), eager(q, k, v, keys))
+
+
+def test_an_unknown_kernel_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="attn.kernel='flash'"):
+        FullAttention(16, 3, 300, FullConfig(kernel="flash"))
+
+
+def test_a_checkpoint_trained_on_one_kernel_loads_under_the_other() -> None:
+    """`attn.kernel` is in the identity (it moves results at fp32 rounding) but not in the architecture a checkpoint
+    must match: the weights mean the same on both paths. Another dropout still refuses."""
+    from lra_bench.errors import ConfigError
+    from lra_bench.run.checkpoint_identity import META_FORMAT, META_KEY, check_fits
+
+    made = {"attn.name": "full", "attn.dropout": 0.1, "attn.kernel": "fused", "model.dim": 64}
+    checkpoint = {META_KEY: {"format": META_FORMAT, "identity": made}, "state_dict": {}}
+    assert check_fits("best.ckpt", {**made, "attn.kernel": "eager"}, checkpoint=checkpoint) is checkpoint
+    with pytest.raises(ConfigError, match="attn.dropout"):
+        check_fits("best.ckpt", {**made, "attn.dropout": 0.0}, checkpoint=checkpoint)
