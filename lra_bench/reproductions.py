@@ -30,6 +30,9 @@ Spearman rank correlation of accuracy against output error (GPA's paper asserts 
 better accuracy: a negative ρ) with its n and p-value — only with runs of at least `MIN_ATTENTIONS` attentions;
 with fewer it says n is too small to read a link. Variants keep no checkpoints, so they have no approx.json.
 
+Then accuracy against cost (`lra_bench.reproduction_cost`: the LRA paper's Figure 3 from our runs, timed on one
+machine) and the methods' claims (`lra_bench.reproduction_claims`), both over the default target's runs.
+
 `--check` regenerates the page in memory and fails when the committed one differs (CI runs it through the tests).
 The figure is written next to the page; it is not compared byte for byte (fonts and library versions differ).
 """
@@ -41,7 +44,6 @@ import csv
 import datetime as dt
 import json
 import math
-import statistics
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -59,11 +61,11 @@ from lra_bench.reproduce import IN_PROGRESS, REPO
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
 from lra_bench.reproduction_approx import read as read_approx
-from lra_bench.stats.power import seeds_per_arm
+from lra_bench.reproduction_claims import claims_section, seeds_needed
+from lra_bench.reproduction_cost import COST_FIGURE, cost_section, plot_cost
 
 PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
-DIFFERENCE_PP = 1.0  # the gap the page sizes seeds for: about the spread of the published ListOps rows
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
 #: what `make reproduce` reproduces by default: its rows are shown even before a run exists
 DEFAULT_TARGET = ("nystromformer", "listops")
@@ -389,29 +391,6 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def seeds_needed(runs_a: list[Run], runs_b: list[Run], a: str, b: str, difference_pp: float = DIFFERENCE_PP) -> str:
-    """How many seeds per method a `difference_pp` gap needs, from the seed spread measured so far (pooled sd)."""
-    accs = {
-        a: [100 * r.test_acc for r in runs_a if r.test_acc is not None],
-        b: [100 * r.test_acc for r in runs_b if r.test_acc is not None],
-    }
-    if min(len(v) for v in accs.values()) < 2:
-        return (
-            f"Seeds needed for a {difference_pp:g} pp difference: unknown until each method has 2 completed seeds "
-            f"(the seed spread is not measured yet; now {len(accs[a])} and {len(accs[b])})."
-        )
-    pooled = math.sqrt(
-        sum((len(v) - 1) * statistics.variance(v) for v in accs.values()) / sum(len(v) - 1 for v in accs.values())
-    )
-    n = seeds_per_arm(difference_pp, pooled)
-    spreads = ", ".join(f"{k} {statistics.stdev(v):.2f} pp over {len(v)} seeds" for k, v in accs.items())
-    need = f"{n} seeds per method" if n is not None else "more seeds than is practical"
-    return (
-        f"Seeds needed for a {difference_pp:g} pp difference: {need} (two-sided t-test, α 0.05, power 0.80, pooled "
-        f"seed sd {pooled:.2f} pp; measured seed sd: {spreads})."
-    )
-
-
 def data_paragraph(runs: list[Run]) -> list[str]:
     """Which ListOps the runs used: the generator's trees of the release's distribution, not the release's test set
     (each record's `data.origin`)."""
@@ -477,6 +456,9 @@ def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:
     if figure and any(r.curve for r in faithful):
         lines += ["## Validation accuracy against step", "", f"![validation accuracy of every run]({figure})", ""]
     lines += ["## GPA against Nyströmformer", "", *comparison(root, faithful, targets=targets)]
+    table_runs = [r for r in faithful if (r.protocol, r.task) == DEFAULT_TARGET]
+    lines += cost_section(table_runs, figure and COST_FIGURE)
+    lines += claims_section(table_runs)
     lines += approximation_section(faithful, variants)
     for variant in variants:
         lines += variant_section(root, [r for r in runs if r.variant == variant], variant, figure)
@@ -688,7 +670,9 @@ def write_figures(runs: list[Run], folder: Path) -> list[Path]:
         )
         plot(section, path, title)
         written.append(path)
-    return written
+    faithful = [r for r in runs if r.variant is None and (r.protocol, r.task) == DEFAULT_TARGET]
+    cost = plot_cost(faithful, folder / COST_FIGURE)
+    return [*written, *([cost] if cost else [])]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lra_bench import reproduce, reproductions
+from lra_bench import reproduce, reproduction_claims, reproductions
 from lra_bench.stats.power import seeds_per_arm
 from tests.conftest import REPO, fault, write_listops
 
@@ -280,9 +280,9 @@ def test_the_page_says_how_many_seeds_a_one_point_difference_needs() -> None:
     gpa = [_completed("gpa", s, a) for s, a in enumerate((0.36, 0.37, 0.38))]
     nystrom = [_completed("nystrom", s, a) for s, a in enumerate((0.365, 0.375))]
     nystrom_sd = float(np.std([36.5, 37.5], ddof=1))
-    line = reproductions.seeds_needed(gpa, nystrom, "gpa", "nystrom")
+    line = reproduction_claims.seeds_needed(gpa, nystrom, "gpa", "nystrom")
     pooled = ((2 * 1.0**2 + 1 * nystrom_sd**2) / 3) ** 0.5
     assert f"pooled seed sd {pooled:.2f} pp" in line
     assert f"{seeds_per_arm(1.0, pooled)} seeds per method" in line
-    line = reproductions.seeds_needed(gpa, nystrom[:1], "gpa", "nystrom")
+    line = reproduction_claims.seeds_needed(gpa, nystrom[:1], "gpa", "nystrom")
     assert "unknown until each method has 2 completed seeds" in line and "now 3 and 1" in line

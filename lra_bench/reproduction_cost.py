@@ -1,0 +1,144 @@
+"""Accuracy against cost on `docs/reproductions.md`: per attention, the mean test accuracy and its 95% interval over
+completed on-protocol seeds beside the median training-step time and peak memory of the same runs — the LRA
+paper's Figure 3 (accuracy against speed and memory), from our runs.
+
+Comparable rows only: a step time depends on the machine, and the reproductions run on whichever CPU type a
+session draws. So the cost columns and the figure use the runs of one machine — the CPU (name, identity and vector
+unit) that most completed runs share — and an attention with no run there is listed without cost. Accuracy is
+over every completed seed (it does not depend on the machine beyond fp32 rounding). Both cost measures are of the
+whole training step and process (`metrics.step_time_median_s`, `metrics.peak_memory_mib`), measured while the
+other core ran another reproduction (the load is in each record).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lra_bench.leaderboard.reproduced import reproduction_interval
+from lra_bench.reports.figures import save_figure
+from lra_bench.reports.markdown import table
+from lra_bench.reproduction_claims import completed
+
+if TYPE_CHECKING:  # the page's run type; lra_bench.reproductions imports this module to render its section
+    from lra_bench.reproductions import Run
+
+COST_FIGURE = "reproductions_cost.png"
+
+
+@dataclass(frozen=True)
+class CostRow:
+    attn: str
+    accuracy: float  # mean test accuracy, %
+    interval: tuple[float, float] | None  # 95% t-interval, % (≥ 2 seeds)
+    seeds: int
+    step_s: float | None  # median over this attention's runs on the reference machine
+    memory_mib: float | None
+    timed_runs: int  # how many runs the cost columns are over
+
+
+def machine(run: Run) -> str:
+    """The CPU a run was timed on: name, identity and vector unit (one name covers CPUs whose timings differ)."""
+    hardware = (run.record.get("env") or {}).get("hardware") or {}
+    return " ".join(str(hardware.get(k, "?")) for k in ("cpu", "cpu_id", "cpu_capability"))
+
+
+def reference_machine(runs: Sequence[Run]) -> str | None:
+    """The machine most completed runs were timed on (ties: the first in name order)."""
+    counts = Counter(machine(r) for r in runs)
+    return min(counts, key=lambda m: (-counts[m], m)) if counts else None
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def cost_rows(runs: Sequence[Run]) -> tuple[list[CostRow], str | None]:
+    """One row per attention with a completed seed, and the machine the cost columns are from."""
+    done = {attn: completed(runs, attn) for attn in sorted({r.attn for r in runs})}
+    done = {attn: mine for attn, mine in done.items() if mine}
+    where = reference_machine([r for mine in done.values() for r in mine])
+    rows = []
+    for attn, mine in done.items():
+        accs = [100 * float(r.test_acc or 0.0) for r in mine]
+        timed = [r for r in mine if machine(r) == where]
+        metrics = [r.record.get("metrics") or {} for r in timed]
+        rows.append(
+            CostRow(
+                attn,
+                statistics.fmean(accs),
+                reproduction_interval(accs),
+                len(accs),
+                _median([m.get("step_time_median_s") for m in metrics]),
+                _median([m.get("peak_memory_mib") for m in metrics]),
+                len(timed),
+            )
+        )
+    return rows, where
+
+
+def _interval(row: CostRow) -> str:
+    return f"{row.accuracy:.2f}" + (f" [{row.interval[0]:.2f}, {row.interval[1]:.2f}]" if row.interval else "")
+
+
+def cost_section(runs: Sequence[Run], figure: str | None) -> list[str]:
+    rows, where = cost_rows(runs)
+    lines = ["## Accuracy against cost", ""]
+    if not rows:
+        return [*lines, "No completed seed yet.", ""]
+    body = [
+        [
+            r.attn,
+            _interval(r),
+            str(r.seeds),
+            f"{r.step_s:.3f} s" if r.step_s is not None else "— (not run on this machine)",
+            f"{r.memory_mib:,.0f} MiB" if r.memory_mib is not None else "—",
+            str(r.timed_runs),
+        ]
+        for r in rows
+    ]
+    header = ["attention", "test acc % (95% CI)", "seeds", "step time (median)", "peak memory", "runs timed"]
+    lines += [
+        f"Cost columns from the runs on {where} (the machine most completed runs share; a step time from another "
+        "machine is not comparable), whole training step and process, the other core running another reproduction.",
+        "",
+        *table(header, body),
+        "",
+    ]
+    if figure and any(r.step_s is not None for r in rows):
+        lines += [f"![accuracy against step time and peak memory]({figure})", ""]
+    return lines
+
+
+def plot_cost(runs: Sequence[Run], path: Path) -> Path | None:
+    """Accuracy (mean, 95% interval) against step time and against peak memory; None (and no file) without a
+    timed row."""
+    rows, where = cost_rows(runs)
+    rows = [r for r in rows if r.step_s is not None and r.memory_mib is not None]
+    if not rows:
+        path.unlink(missing_ok=True)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    for ax, label, value in (
+        (axes[0], "training step time (s, median)", lambda r: r.step_s),
+        (axes[1], "peak memory (MiB)", lambda r: r.memory_mib),
+    ):
+        for r in rows:
+            low, high = r.interval or (r.accuracy, r.accuracy)
+            ax.errorbar(value(r), r.accuracy, yerr=[[r.accuracy - low], [high - r.accuracy]], fmt="o", capsize=3)
+            ax.annotate(f"{r.attn} ({r.seeds})", (value(r), r.accuracy), textcoords="offset points", xytext=(5, 4))
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("ListOps test accuracy (%, mean and 95% CI; seeds)")
+    fig.suptitle(f"Accuracy against cost — timed on {where}", fontsize=9)
+    return save_figure(fig, path)
