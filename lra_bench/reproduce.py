@@ -79,7 +79,8 @@ def command(
     ]
 
 
-def _copy(src: Path, dst: Path) -> None:
+def copy_into(src: Path, dst: Path) -> None:
+    """Copy a file or a folder (merged into an existing one) to `dst`; nothing when `src` does not exist."""
     if src.is_dir():
         shutil.copytree(src, dst, dirs_exist_ok=True)
     elif src.exists():
@@ -108,7 +109,7 @@ def snapshot(run: Path, evidence: Path) -> bool:
             shutil.rmtree(staging)
             return False
     for name in PROGRESS:
-        _copy(run / name, staging / name)
+        copy_into(run / name, staging / name)
     target = evidence / IN_PROGRESS
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
@@ -130,7 +131,7 @@ def keep_evidence(run: Path, evidence: Path) -> None:
     staging = evidence.parent / f".{evidence.name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     for name in EVIDENCE:
-        _copy(run / name, staging / name)
+        copy_into(run / name, staging / name)
     shutil.rmtree(evidence, ignore_errors=True)
     staging.rename(evidence)
 
