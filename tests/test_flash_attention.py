@@ -135,3 +135,45 @@ def test_a_checkpoint_trained_on_one_kernel_loads_under_the_other() -> None:
     assert check_fits("best.ckpt", {**made, "attn.kernel": "eager"}, checkpoint=checkpoint) is checkpoint
     with pytest.raises(ConfigError, match="attn.dropout"):
         check_fits("best.ckpt", {**made, "attn.dropout": 0.0}, checkpoint=checkpoint)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-4)])
+def test_the_row_log_sum_exp_matches_the_blockwise_eager_form(dtype: torch.dtype, tol: float) -> None:
+    """Residual-pivoted attention's exact column normaliser: the compiled kernel against `BlockwiseLSE` (values and
+    gradients), a row with no attended key included (−inf, no gradient)."""
+    from models.attention.pivoted import BlockwiseLSE
+
+    q, k, _, keys = inputs(dtype)
+    keys[0] = False  # the first sequence has no real token at all
+    upstream = torch.randn(q.shape[:-1], dtype=dtype, generator=torch.Generator().manual_seed(2))
+    valid = keys[:, None, None, :]
+    ours = flash_attention.RowLogSumExp.apply(q, k, flash_attention.key_bias(keys, 2, 300, dtype))
+    eager = BlockwiseLSE.apply(q, k, valid, 64)
+    assert torch.equal(torch.isinf(ours), torch.isinf(eager)) and torch.isinf(ours[0]).all()
+    torch.testing.assert_close(ours, eager, rtol=tol, atol=tol)
+    grads = torch.autograd.grad(ours, (q, k), upstream), torch.autograd.grad(eager, (q, k), upstream)
+    for got, want in zip(*grads):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_the_row_log_sum_exp_passes_gradcheck() -> None:
+    q, k, _, keys = inputs(torch.float64, b=1, h=2, n=20, d=4)
+    bias = flash_attention.key_bias(keys, 1, 20, torch.float64)
+    assert torch.autograd.gradcheck(lambda q, k: flash_attention.RowLogSumExp.apply(q, k, bias), (q, k))
+
+
+def test_pivoted_attention_is_the_same_on_both_kernels() -> None:
+    """The whole residual-pivoted attention, fused and eager, at fp32 rounding (same landmarks, same sketch)."""
+    from lra_bench.registry import build_attention, build_selector
+
+    q, k, v, keys = inputs(torch.float32)
+    results = []
+    for kernel in ("fused", "eager"):
+        geometry = {"head_dim": 16, "num_heads": 3, "seq_len": 300}
+        selector = build_selector("pivoted_qr", num_landmarks=16)
+        attention = build_attention("pivoted", **geometry, selector=selector, num_landmarks=16, kernel=kernel)
+        out = attention.train()(q, k, v, keys)
+        results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    for fused, eager in zip(*results):
+        torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-5)

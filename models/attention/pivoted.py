@@ -39,12 +39,14 @@ import torch
 from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, masked_softmax
 from models.cost import Flops, Params
+from models.kernels import flash_attention
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import gather_tokens
 from models.landmarks.pivoted_qr import sketch_size
 from models.landmarks.uniform import UniformConfig, UniformSelector
 
 COLUMNS = ("kernel", "exact")
+KERNELS = ("fused", "eager")
 
 
 @dataclass
@@ -57,7 +59,8 @@ class PivotedConfig:
     sketch_rows: int = 0  # ℓ, used only when the selector supplies no sketch; 0 = 2·r
     columns: str = "exact"  # exact (blockwise log-sum-exp: O(n²) time, O(n) memory) | kernel (sub-quadratic,
     #                         renormalised by a fitted row sum: unstable, see models/attention/pivoted.py)
-    block_size: int = 1024  # query block for the exact log-sum-exp
+    block_size: int = 1024  # query block for the exact log-sum-exp (eager kernel)
+    kernel: str = "fused"  # fused (CPU: the exact log-sum-exp in the compiled blockwise kernel) | eager
     seed: int = follows_run_seed()  # own row sketch
 
 
@@ -103,7 +106,9 @@ class PivotedAttention(LandmarkAttention):
         if cfg.columns not in COLUMNS:
             raise ValueError(f"attn.columns={cfg.columns!r}: expected one of {', '.join(COLUMNS)}")
         self.ridge, self.sketch_rows = float(cfg.ridge), int(cfg.sketch_rows)
-        self.columns, self.block_size = cfg.columns, int(cfg.block_size)
+        if cfg.kernel not in KERNELS:
+            raise ValueError(f"attn.kernel={cfg.kernel!r}: expected one of {', '.join(KERNELS)}")
+        self.columns, self.block_size, self.kernel = cfg.columns, int(cfg.block_size), cfg.kernel
         self.row_sampler = UniformSelector(UniformConfig(seed=cfg.seed))
 
     def _operator(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -144,13 +149,21 @@ class PivotedAttention(LandmarkAttention):
                 den = torch.maximum(both[..., -1:], cols.sum(-1, keepdim=True)).clamp_min(1e-30)
                 out = both[..., :-1] / den
             else:
-                lse = BlockwiseLSE.apply(qf, kf, key_valid, self.block_size)  # [B, H, N]
+                lse = self._row_lse(qf, kf, key_valid)  # [B, H, N]
                 lse = lse.nan_to_num(0.0, neginf=0.0)
                 cols = torch.exp(qf @ k_j.transpose(-1, -2) - lse.unsqueeze(-1)) * lm_valid  # A[:, J]
                 c_s = gather_tokens(cols, rows) * row_ok
                 a_s = masked_softmax(q_s @ kf.transpose(-1, -2), key_valid) * row_ok
                 out = cols @ self._ridge_solve(c_s, a_s @ vf, lm.valid)
         return out.to(v.dtype)
+
+    def _row_lse(self, qf: torch.Tensor, kf: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+        """The exact columns' normaliser: the compiled blockwise kernel on a CPU where it is built (`kernel: fused`),
+        else `BlockwiseLSE` in query blocks of `block_size` (the same sums at fp32 rounding)."""
+        if self.kernel == "fused" and qf.device.type == "cpu" and flash_attention.kernel() is not None:
+            bias = flash_attention.key_bias(key_valid[:, 0, 0, :], qf.shape[0], kf.shape[-2], qf.dtype)
+            return flash_attention.RowLogSumExp.apply(qf, kf, bias)
+        return BlockwiseLSE.apply(qf, kf, key_valid, self.block_size)
 
     def _ridge_solve(self, c_s: torch.Tensor, rhs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """(C_SᵀC_S + λI)⁻¹ C_Sᵀ rhs, with invalid landmarks' rows/columns set to the identity."""
