@@ -28,9 +28,11 @@ import torch
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core
 from models.cost import Flops, Params, width_memory
+from models.kernels import polynomial_features
 from models.knobs import knobs
 
 KINDS = ("homogeneous", "inhomogeneous")
+KERNELS = ("fused", "eager")
 
 
 @dataclass
@@ -42,6 +44,7 @@ class PolynomialConfig:
     kind: str = "homogeneous"  # homogeneous ⟨q,k⟩^p | inhomogeneous (1 + ⟨q,k⟩)^p
     bias: float = 1.0  # added to the normaliser
     qk_norm: bool = False  # l2-normalise q and k first (bounded entries, |x| ≤ 1/√d)
+    kernel: str = "fused"  # fused (CPU, degree 2: the features in one compiled pass per row) | eager
 
 
 def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +81,10 @@ class PolynomialAttention(Attention):
             raise ValueError(
                 f"attn.degree={degree}: expected an even degree >= 2 (odd degrees make the normaliser sign-indefinite)"
             )
+        if cfg.kernel not in KERNELS:
+            raise ValueError(f"attn.kernel={cfg.kernel!r}: expected one of {', '.join(KERNELS)}")
         self.degree, self.kind, self.bias, self.qk_norm = int(degree), kind, float(cfg.bias), bool(cfg.qk_norm)
+        self.kernel = cfg.kernel
         dim = self.head_dim + (kind == "inhomogeneous")
         index, weights = symmetric_features(dim, self.degree)
         if self.degree > 2:
@@ -107,6 +113,8 @@ class PolynomialAttention(Attention):
         x = x * x.shape[-1] ** -0.25
         if self.kind == "inhomogeneous":
             x = torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
+        if self.degree == 2 and self._fused(x):  # the same features, one compiled pass per row
+            return polynomial_features.DegreeTwoFeatures.apply(x)
         if self.degree == 2:  # the same features, faster on CPU: [x_i², √2·x_i·x_j (i < j)] from one outer product
             outer = (x.unsqueeze(-1) * (math.sqrt(2.0) * x).unsqueeze(-2)).flatten(-2)
             return torch.cat([x * x, outer[..., self.upper]], dim=-1)
@@ -114,6 +122,13 @@ class PolynomialAttention(Attention):
         for a in range(1, self.degree):
             phi = phi * x[..., self.index[:, a]]
         return phi * self.weights
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """Whether the degree-2 features go through the compiled kernel: `kernel: fused`, a CPU tensor of fp32 or
+        fp64, and the kernel built on this machine."""
+        if self.kernel != "fused" or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+            return False
+        return polynomial_features.kernel() is not None
 
     def _factors(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None):
         phi_q, phi_k = self.features(q.float()), self.features(k.float())

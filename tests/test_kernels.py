@@ -1,8 +1,10 @@
-"""The compiled flash attention with in-kernel dropout (`models.kernels.flash_attention`): against the materialised
+"""The compiled CPU kernels (`models.kernels`). Flash attention with in-kernel dropout: against the materialised
 form with the kernel's own mask (fp64 values and gradients, fp32 at rounding), torch's gradcheck, the mask's
-distribution, independence from the thread count, and `attn=full` routing its CPU training through it.
+distribution, independence from the thread count, and `attn=full` routing its CPU training through it. The row
+log-sum-exp of residual-pivoted attention and the degree-2 features of polynomial attention: against their eager
+forms (values and gradients), gradcheck, and each attention whole on both kernels.
 
-The first test in a fresh cache compiles the kernel (about a minute); the rest load it."""
+The first test in a fresh cache compiles the kernels (about a minute each); the rest load them."""
 
 from __future__ import annotations
 
@@ -177,3 +179,28 @@ def test_pivoted_attention_is_the_same_on_both_kernels() -> None:
         results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
     for fused, eager in zip(*results):
         torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-5)
+
+
+def test_polynomial_features_match_the_torch_form() -> None:
+    """The compiled degree-2 features: forward bit-identical to the torch form (the same products in the same order),
+    gradients at rounding level against it, torch's gradcheck in fp64, and the whole attention on both kernels."""
+    from lra_bench.registry import build_attention
+    from models.kernels import polynomial_features
+
+    geometry = {"head_dim": 16, "num_heads": 3, "seq_len": 300}
+    fused, eager = (build_attention("polynomial", **geometry, kernel=k) for k in ("fused", "eager"))
+    x = torch.randn(2, 3, 50, 16, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    ours, theirs = fused.features(x), eager.features(x)
+    assert torch.equal(ours, theirs)
+    upstream = torch.randn(ours.shape, generator=torch.Generator().manual_seed(5))
+    got, want = torch.autograd.grad(ours, x, upstream)[0], torch.autograd.grad(theirs, x, upstream)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    small = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(polynomial_features.DegreeTwoFeatures.apply, (small,))
+    q, k, v, keys = inputs(torch.float32)
+    outputs = []
+    for attention in (fused, eager):
+        out = attention.train()(q, k, v, keys)
+        outputs.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    for a, b in zip(*outputs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
