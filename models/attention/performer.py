@@ -47,6 +47,27 @@ class PerformerConfig:
     seed: int = follows_run_seed()
 
 
+class ShiftedExp(torch.autograd.Function):
+    """`exp(proj − offset) + floor` for `proj [..., N, M]`, `offset [..., N, 1]` (‖x‖²/2 plus the detached shift;
+    +inf drops a row) and `floor` (ε, broadcast; 0 on a dropped row), with gradients to `proj` and `offset`.
+
+    Why a Function: the same arithmetic as the chain `exp((proj − ‖x‖²/2) − shift) + ε` (at fp32 rounding), in three
+    memory passes over the [B, H, N, M] features forward (subtract, exp in place, add) and two backward (the
+    product with the saved exponential, its row sum), where autograd's chain took about five each."""
+
+    @staticmethod
+    def forward(ctx: Any, proj: torch.Tensor, offset: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+        expo = (proj - offset).exp_()
+        ctx.save_for_backward(expo)
+        return expo + floor
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        (expo,) = ctx.saved_tensors
+        grad_proj = grad * expo
+        return grad_proj, -grad_proj.sum(-1, keepdim=True), None
+
+
 def gaussian_features(
     generator: torch.Generator, heads: int, features: int, dim: int, orthogonal: bool
 ) -> torch.Tensor:
@@ -160,25 +181,21 @@ class PerformerAttention(Attention):
             kf = kf * keep  # pad keys become zero vectors: logit 0, φ(0) ≠ 0
         masked = mask is not None and keep is None
         proj_q, proj_k = qf @ w.transpose(-1, -2), kf @ w.transpose(-1, -2)  # [B, H, N, M]
-        wq = proj_q - (qf * qf).sum(-1, keepdim=True) / 2
-        wk = proj_k - (kf * kf).sum(-1, keepdim=True) / 2
-        if masked:
-            wk = wk.masked_fill(~mask[:, None, :, None], float("-inf"))
-        if self.feature_eps:  # the shift no longer cancels: performer_pytorch's, the max of x·Wᵀ alone
-            q_ref, k_ref = proj_q, proj_k
+        half_q, half_k = (qf * qf).sum(-1, keepdim=True) / 2, (kf * kf).sum(-1, keepdim=True) / 2  # ‖x‖²/2
+        with torch.no_grad():  # the shifts are constants (detached): from row maxima of x·Wᵀ, one read pass each
+            row_q, row_k = proj_q.amax(-1, keepdim=True), proj_k.amax(-1, keepdim=True)
+            if not self.feature_eps:  # the max of the whole exponent x·Wᵀ − ‖x‖²/2 (‖x‖²/2 is constant in a row)
+                row_q, row_k = row_q - half_q, row_k - half_k
             if masked:
-                k_ref = k_ref.masked_fill(~mask[:, None, :, None], float("-inf"))
-        else:
-            q_ref, k_ref = wq, wk
-        q_shift = q_ref.amax(-1, keepdim=True).detach()
-        k_shift = k_ref.amax((-2, -1), keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
-        phi_q = torch.exp(wq - q_shift)
-        phi_k = torch.exp(wk - k_shift)
-        if self.feature_eps:
-            phi_q = phi_q + self.feature_eps
-            phi_k = phi_k + self.feature_eps
-            if masked:
-                phi_k = phi_k.masked_fill(~mask[:, None, :, None], 0.0)
+                row_k = row_k.masked_fill(~mask[:, None, :, None], float("-inf"))
+            k_shift = row_k.amax(-2, keepdim=True).nan_to_num(0.0, neginf=0.0)
+        offset_q, offset_k = half_q + row_q, half_k + k_shift
+        floor_q = floor_k = torch.tensor(float(self.feature_eps))
+        if masked:  # a pad key's features are 0: exp(−inf), and no ε
+            offset_k = offset_k.masked_fill(~mask[:, None, :, None], float("inf"))
+            floor_k = floor_k * mask[:, None, :, None]
+        phi_q = ShiftedExp.apply(proj_q, offset_q, floor_q)
+        phi_k = ShiftedExp.apply(proj_k, offset_k, floor_k)
         return phi_q, phi_k
 
     def forward(self, q, k, v, mask):
