@@ -22,17 +22,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lra_bench.compare.pairing import efficiency, seed_outcome
 from lra_bench.leaderboard.reproduced import reproduction_interval
 from lra_bench.reports.markdown import table
+from lra_bench.reproduction_runs import Run
 from lra_bench.stats.paired import NO_TEST, PairedResult, compare_paired
 from lra_bench.stats.power import seeds_per_arm
 from lra_bench.stats.summary import holm, tie_aware_ranks
-
-if TYPE_CHECKING:  # the page's run type; lra_bench.reproductions imports this module to render its section
-    from lra_bench.reproductions import Run
 
 DIFFERENCE_PP = 1.0  # the gap the page sizes seeds for: about the spread of the published ListOps rows
 EQUIVALENCE_PP = 1.0  # outlier-spectral's margin: "less than one percentage point accuracy loss"

@@ -17,15 +17,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lra_bench.leaderboard.reproduced import reproduction_interval
 from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 from lra_bench.reproduction_claims import completed
-
-if TYPE_CHECKING:  # the page's run type; lra_bench.reproductions imports this module to render its section
-    from lra_bench.reproductions import Run
+from lra_bench.reproduction_runs import Run
 
 COST_FIGURE = "reproductions_cost.png"
 

@@ -41,13 +41,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import json
 import math
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +61,10 @@ from lra_bench.reproduction_approx import output_error as approx_output_error
 from lra_bench.reproduction_approx import read as read_approx
 from lra_bench.reproduction_claims import claims_section, seeds_needed
 from lra_bench.reproduction_cost import COST_FIGURE, cost_section, plot_cost
+from lra_bench.reproduction_runs import PRIOR_MARGIN, Run
 
 PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
-PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
 #: what `make reproduce` reproduces by default: its rows are shown even before a run exists
 DEFAULT_TARGET = ("nystromformer", "listops")
 MIN_ATTENTIONS = 3  # the distinct attentions a rank correlation of accuracy against approximation error needs
@@ -77,73 +75,6 @@ SNAPSHOT_PROGRESS = "checkpoint.json"  # a variant snapshot's last checkpoint, r
 VARIANT_TITLES = {
     "pre-fidelity": "the network before it was matched to the reference code (mlpen/Nystromformer@5689313)",
 }
-
-
-@dataclass
-class Run:
-    protocol: str
-    task: str
-    attn: str
-    seed: int
-    record: dict[str, Any]
-    folder: Path
-    curve: list[tuple[int, float]] = field(default_factory=list)
-    checkpoint_step: int | None = None  # an in-progress snapshot: the step its last.ckpt holds
-    segments: list[dict[str, Any]] = field(default_factory=list)  # the training attempts (record, or checkpoint)
-    variant: str | None = None  # the record's `variant` (or its variants/<name>/ folder's); None: the protocol's
-
-    @property
-    def origin(self) -> str:
-        """The data the run trained and tested on: `generated`, `official`, or `unrecorded` (`data.origin`)."""
-        origin = (self.record.get("data") or {}).get("origin")
-        return str(origin.get("kind")) if isinstance(origin, dict) and origin.get("kind") else "unrecorded"
-
-    @property
-    def completed(self) -> bool:
-        return self.record.get("status") == "completed" and self.folder.name != IN_PROGRESS
-
-    @property
-    def steps(self) -> int:
-        done = self.record["metrics"].get("train_steps")
-        if done is not None:
-            return int(done)
-        return self.checkpoint_step if self.checkpoint_step is not None else max((s for s, _ in self.curve), default=0)
-
-    @property
-    def test_acc(self) -> float | None:
-        value = self.record["metrics"].get("test_acc")
-        return float(value) if value is not None else None
-
-    def left_prior_at(self) -> int | None:
-        prior = (self.record.get("data") or {}).get("majority_share")
-        if prior is None:
-            return None
-        return next((step for step, acc in self.curve if acc > prior + PRIOR_MARGIN), None)
-
-    def wall(self) -> tuple[float, bool]:
-        """Seconds the attempts that made the weights ran — each segment from its start to its last checkpoint
-        (`saved_at`), the last one to the record's end — plus the test of a completed run; and whether every
-        segment's end is known (segments written before `saved_at` existed are left out: the time between two
-        attempts is no attempt's)."""
-        segments, finished = self.segments, self.record["run"].get("finished_at")
-        total, known = 0.0, True
-        for i, seg in enumerate(segments):
-            last = i + 1 == len(segments)
-            end = finished if last and (self.completed or not seg.get("saved_at")) else seg.get("saved_at")
-            if end is None:
-                known = False
-                continue
-            total += (_time(end) - _time(seg["started_at"])).total_seconds()
-        return total, known and bool(segments)
-
-    def wall_s(self) -> float | None:
-        """`wall()`'s seconds when every segment's end is known, else None."""
-        seconds, known = self.wall()
-        return seconds if known else None
-
-
-def _time(stamp: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(stamp)
 
 
 def read_curve(folder: Path) -> list[tuple[int, float]]:
