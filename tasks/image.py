@@ -1,7 +1,10 @@
 """Image (LRA): CIFAR-10 in grayscale, one token per pixel (0..255, vocab 256), 32×32 = 1024 tokens, 10 classes.
 
 Grayscale is TensorFlow's `tf.image.rgb_to_grayscale` followed by the cast the official pipeline does, bit for
-bit: `(rgb.astype(f32) * (1/255) @ [0.2989, 0.5870, 0.1140] * 255.5).astype(uint8)` in float32 (truncation).
+bit: with `r, g, b = rgb.astype(f32) * (1/255)`, `(((r*0.2989 + g*0.5870) + b*0.1140) * 255.5).astype(uint8)` in
+float32 (each product rounded, then the sums left to right; truncation). The sum is written as elementwise ops,
+not a matrix product: BLAS sums in an order its CPU kernel picks (OpenBLAS's AVX-512 kernel gave 26 of the
+16.7M RGB triples another token), elementwise float32 ops round the same on every machine.
 PIL/torchvision grayscale differs (1 higher on about a quarter of the pixels), so it is not used.
 
 Sources (`source: auto` takes the first found; or force `pickle|disk|hf`):
@@ -65,7 +68,7 @@ TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 SIDE = 32
 TF_GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
-TOKENIZER_VERSION = "pixels-tfgray-v1"
+TOKENIZER_VERSION = "pixels-tfgray-v2"  # v1: the gray sum by BLAS (its order varied)
 
 
 class ImageSource(str, Enum):
@@ -107,6 +110,13 @@ class ImageConfig:
 
 
 # -- grayscale ------------------------------------------------------------------------------------------
+def gray_sum(part: np.ndarray) -> np.ndarray:
+    """`[n, 3]` float32 → `[n]` float32 `(r*w0 + g*w1) + b*w2`, every product and sum rounded to float32 in that
+    order: TensorFlow's value on every triple, and the same on every CPU (no BLAS kernel picks the order)."""
+    w0, w1, w2 = TF_GRAY_WEIGHTS
+    return (part[:, 0] * w0 + part[:, 1] * w1) + part[:, 2] * w2
+
+
 def tf_grayscale(rgb: np.ndarray, chunk: int = 8192) -> np.ndarray:
     """`[..., 3]` uint8 RGB → `[...]` uint8 gray, exactly as `tf.image.rgb_to_grayscale` + `convert_image_dtype`."""
     rgb = np.asarray(rgb)
@@ -117,7 +127,7 @@ def tf_grayscale(rgb: np.ndarray, chunk: int = 8192) -> np.ndarray:
     scale, back = np.float32(1.0 / 255.0), np.float32(255.5)
     for start in range(0, flat.shape[0], chunk * SIDE * SIDE):
         part = flat[start : start + chunk * SIDE * SIDE].astype(np.float32) * scale
-        out[start : start + len(part)] = ((part @ TF_GRAY_WEIGHTS) * back).astype(np.uint8)
+        out[start : start + len(part)] = (gray_sum(part) * back).astype(np.uint8)
     return out.reshape(rgb.shape[:-1])
 
 

@@ -55,6 +55,9 @@ Algorithm: our reading of the original; the deliberate differences are tagged [o
   with ``b`` a seeded random bit, so any even count is 50/50 with no fixed alternation to exploit.
 * Seeds: image ``g`` uses ``numpy.random.default_rng([seed, 0, g])``, so the output depends only on
   ``seed`` and ``g``, never on ``workers``, the chunking or ``images_per_folder``.
+* The same on every machine: every float is made by IEEE basic operations and square roots (rounded alike
+  everywhere) or by ``_sin_cos`` (decimal arithmetic, rounded once), never by libm's ``sin``/``cos``/``hypot``,
+  whose last bit depends on the CPU (glibc runs an FMA or an SSE2 build of them).
 
 Masks (``--write-masks``, and the third value of ``make_sample``): uint8 at the output resolution;
 0 = background, 1 / 2 = the *path* of target snake 1 / 2 (the rasterised centre line through its paddles
@@ -78,6 +81,7 @@ import math
 import multiprocessing as mp
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
 from pathlib import Path
 
 import numpy as np
@@ -230,11 +234,46 @@ class _Geometry:
     seed_box: tuple[int, int]  # [lo, hi) grid coordinates for the first target pivot
 
 
+_PI = Decimal("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863")
+_TRIG_DIGITS = 60  # working precision of `_sin_cos`: far past the 17 digits a float keeps
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _sin_cos(x: float) -> tuple[float, float]:
+    """``(sin x, cos x)`` the same to the last bit on every machine: Taylor series in decimal arithmetic (exactly
+    specified, so machine-independent) at ``_TRIG_DIGITS`` digits, rounded once to a float. libm's ``sin`` is not
+    (glibc picks an FMA or an SSE2 build by the CPU, and on this generator's angles their floats differ), and the
+    geometry tables and seed pivots round these values to pixels."""
+    with localcontext() as ctx:
+        ctx.prec = _TRIG_DIGITS
+        turn = 2 * _PI
+        v = Decimal(x)
+        v -= turn * (v / turn).to_integral_value()  # into [-pi, pi]: the series converges fast
+        v2, k = v * v, 0
+        sin_term, cos_term = v, Decimal(1)
+        sin_sum, cos_sum = sin_term, cos_term
+        tiny = Decimal(10) ** -_TRIG_DIGITS
+        while abs(sin_term) > tiny or abs(cos_term) > tiny:
+            k += 2
+            cos_term = -cos_term * v2 / ((k - 1) * k)
+            sin_term = -sin_term * v2 / (k * (k + 1))
+            sin_sum, cos_sum = sin_sum + sin_term, cos_sum + cos_term
+        return float(sin_sum), float(cos_sum)
+
+
+def _hypot(dy: float, dx: float) -> float:
+    """The length of ``(dy, dx)`` correctly rounded, as ``_sin_cos`` machine-independent: a paddle is exactly
+    ``L`` long, so its sample count ``ceil(length / _STEP)`` turns on the last bit of its length."""
+    with localcontext() as ctx:
+        ctx.prec = _TRIG_DIGITS
+        return float((Decimal(dy) * Decimal(dy) + Decimal(dx) * Decimal(dx)).sqrt())
+
+
 def _polyline_pixels(vertices: np.ndarray) -> np.ndarray:
     """Integer pixels (dy, dx) along a polyline, sampled every <= 0.5 px so the result is 8-connected."""
     pts = [vertices[:1]]
     for a, b in zip(vertices[:-1], vertices[1:]):
-        n = max(1, math.ceil(float(np.hypot(*(b - a))) / _STEP))
+        n = max(1, math.ceil(_hypot(*(b - a).tolist()) / _STEP))
         t = np.arange(1, n)[:, None] / n
         pts.append(a + t * (b - a))
         pts.append(b[None])  # exact vertex, so tip pixels round exactly like the marker centres
@@ -245,7 +284,7 @@ def _disk(radius: float) -> np.ndarray:
     """Integer offsets (dy, dx) with dy^2 + dx^2 <= radius^2."""
     r = math.ceil(radius)
     yy, xx = np.mgrid[-r : r + 1, -r : r + 1]
-    keep = yy**2 + xx**2 <= radius**2
+    keep = yy**2 + xx**2 <= radius * radius
     return np.stack([yy[keep], xx[keep]], axis=1)
 
 
@@ -256,7 +295,7 @@ def _geometry(params: PathfinderParams, margin: int) -> _Geometry:
     head_r, step_r = length + margin, length + 2 * margin
     n_dirs = max(16, 4 * round(math.pi * head_r / 2))
     theta = 2 * math.pi * np.arange(n_dirs) / n_dirs
-    unit = np.stack([np.sin(theta), np.cos(theta)], axis=1)
+    unit = np.array([_sin_cos(t) for t in theta.tolist()])  # (sin, cos) per direction
     tail_vec, head_vec, step_vec = margin * unit, head_r * unit, np.rint(step_r * unit)
 
     sep = 2 * margin - 0.5
@@ -282,7 +321,9 @@ def _geometry(params: PathfinderParams, margin: int) -> _Geometry:
     path_t = tuple(tuple(tuple(p.tolist()) for p in p_list) for p_list in path)
 
     turn = np.abs((theta[None, :] - theta[:, None] + math.pi) % (2 * math.pi) - math.pi)
-    weight = np.maximum(np.cos(np.minimum(turn * params.continuity, math.pi / 2)), 0.0) ** 2
+    angle = np.minimum(turn * params.continuity, math.pi / 2)
+    cosine = np.maximum(np.array([[_sin_cos(a)[1] for a in row] for row in angle.tolist()]), 0.0)
+    weight = cosine * cosine
     allowed = [np.flatnonzero(row > 1e-9).tolist() for row in weight]
     cand = tuple(
         tuple(tuple((j, float(weight[i, j]), path_t[v][j]) for j in allowed[i]) for i in range(n_dirs))
@@ -400,9 +441,9 @@ def _seed_targets(canvas: _Canvas, rng: np.random.Generator, params: PathfinderP
     ilo, ihi = geo.interior
     for _ in range(params.max_paddle_retrial + 1):
         y1, x1 = rng.integers(lo, hi, size=2).tolist()
-        phi = rng.random() * 2 * math.pi
-        y2 = round(y1 + params.seed_distance * math.sin(phi))
-        x2 = round(x1 + params.seed_distance * math.cos(phi))
+        sin_phi, cos_phi = _sin_cos(rng.random() * 2 * math.pi)
+        y2 = round(y1 + params.seed_distance * sin_phi)
+        x2 = round(x1 + params.seed_distance * cos_phi)
         d1, d2 = rng.integers(geo.n_dirs, size=2).tolist()
         if not (ilo <= y2 < ihi and ilo <= x2 < ihi):
             continue
