@@ -302,3 +302,34 @@ def test_the_command_lines_refuse_with_one_line_and_write_nothing(tmp_path: Path
         )
     assert not out.exists()
     assert not (tmp_path / "data").exists()  # refused before any data was generated
+
+
+# -- a mistyped data_dir ------------------------------------------------------------------------------------------
+def _missing_parent_line(value: Path) -> str:
+    return (
+        f"error: data_dir={value}: {value.parent} does not exist; give data_dir= an existing folder or a new one "
+        "inside an existing folder"
+    )
+
+
+@pytest.mark.parametrize("sweep", [[], ["--multirun", "seed=1,2"]], ids=["run", "multirun"])
+def test_a_data_dir_in_a_missing_folder_is_refused_by_the_preflight(capsys, paths, sweep: list[str]) -> None:
+    value = paths["out"].parent / "no" / "such" / "lra"
+    line = _refused(capsys, [*sweep, f"data_dir={value}", f"output_root={paths['out']}"], check=check_run_config)
+    assert line == _missing_parent_line(value)
+    assert not (paths["out"].parent / "no").exists()
+
+
+def test_a_new_data_dir_in_an_existing_folder_passes_the_preflight(capsys, paths) -> None:
+    preflight([f"data_dir={paths['out'].parent / 'new-data'}", f"output_root={paths['out']}"], check=check_run_config)
+    assert "error" not in capsys.readouterr().err
+
+
+def test_run_py_refuses_a_data_dir_in_a_missing_folder_and_creates_nothing(tmp_path: Path) -> None:
+    """It used to make the whole path, generate the preset's data there and train."""
+    value = tmp_path / "no" / "such" / "parent" / "lra"
+    short = ["trainer.max_steps=2", "trainer.val_check_interval=1"]  # (had it started, a short run)
+    proc = _cli("experiment=smoke", f"data_dir={value}", f"output_root={tmp_path / 'out'}", *short)
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and err == [_missing_parent_line(value)], (proc.returncode, proc.stderr[-3000:])
+    assert list(tmp_path.iterdir()) == []  # no data dir, no run dir

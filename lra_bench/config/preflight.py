@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.config.compose import compose_config, one_line
 from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import check_dir_path, check_paths, check_writable
+from lra_bench.config.validate import check_dir_path, check_paths, check_typed_folders, check_writable
 from lra_bench.errors import ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -148,10 +148,13 @@ def preflight(
             return None  # only printing the config: nothing is written
         check_added_keys(parsed, name)
         HydraConfig.instance().set_config(cfg)
+        given = [str(o.key_or_group) for o in parsed if not o.is_sweep_override()]
         if multirun:
             check_dir_path("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
+            check_typed_folders(cfg, given)
             return None
         check_paths(cfg)  # before the run dir: name the key the user set (output_root=, data_dir=, …)
+        check_typed_folders(cfg, given)
         if check is not None:
             check(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]))
         run_dir = Path(str(OmegaConf.select(cfg, output_key)))

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -282,6 +282,24 @@ def check_paths(cfg: DictConfig) -> None:
         if cfg.get(key) is not None:
             check_dir_path(key, cfg[key])
     check_ckpt_path(cfg)
+
+
+#: folders a run makes when they are missing, whose value the user types: a mistyped one must not be made whole
+TYPED_FOLDERS = ("data_dir",)
+
+
+def check_typed_folders(cfg: DictConfig, given: Iterable[str]) -> None:
+    """Each `TYPED_FOLDERS` key among `given` (the keys the command line sets) names an existing folder or a new
+    one inside an existing folder. A run makes its data dir with every missing parent, so a typo in the parent
+    (`data_dir=/scratc/me/lra`) used to generate a whole data set there and train on it."""
+    for key in set(TYPED_FOLDERS) & set(given):
+        value = cfg.get(key)
+        parent = Path(str(value)).expanduser().absolute().parent
+        if value is not None and not parent.is_dir():
+            raise ConfigError(
+                f"{key}={value}: {parent} does not exist; give {key}= an existing folder or a new one inside an "
+                "existing folder"
+            )
 
 
 RESUME_CHOICES = (None, "none", "null", "last")
