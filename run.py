@@ -31,19 +31,27 @@ def main(cfg: DictConfig) -> float | None:
     from lra_bench.errors import ConfigError
     from lra_bench.run.entry import run_stage
     from lra_bench.run.quiet import quiet_terminal
-    from lra_bench.run.runlog import route_lightning_logs_to_hydra, tee_output
+    from lra_bench.run.runlog import LOG_NAME, route_lightning_logs_to_hydra, tee_output
+    from lra_bench.run.unstarted import is_new, remove_unstarted
     from tasks.layout import DataSourceError
 
     route_lightning_logs_to_hydra()
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
-    with tee_output(output_dir / "run.log" if rank_zero_only.rank == 0 else None), quiet_terminal():
-        try:
-            record = run_stage(cfg, output_dir)
-        except (ConfigError, DataSourceError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            if HydraConfig.get().mode.name == "RUN":
-                sys.exit(2)
-            raise
+    hydra_cfg = HydraConfig.get()
+    output_dir, single = Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode.name == "RUN"
+    new = single and rank_zero_only.rank == 0 and is_new(output_dir, hydra_cfg.output_subdir)
+    try:
+        with tee_output(output_dir / LOG_NAME if rank_zero_only.rank == 0 else None), quiet_terminal():
+            try:
+                record = run_stage(cfg, output_dir)
+            except (ConfigError, DataSourceError) as err:
+                print(f"error: {err}", file=sys.stderr)
+                raise
+    except (ConfigError, DataSourceError) as err:
+        if new and isinstance(err, DataSourceError):  # no data, so no step: the folder it made holds nothing
+            remove_unstarted(output_dir, Path(str(cfg.output_root)))
+        if single:
+            sys.exit(2)
+        raise
     return record["metrics"].get("val_acc")
 
 

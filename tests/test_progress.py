@@ -41,12 +41,10 @@ def test_without_a_terminal_status_lines_and_run_log_holds_the_run(tmp_path: Pat
     assert "[pytorch_lightning" in log  # Hydra's logging records still go there
     assert "\x1b[" not in log and "\r" not in log  # no terminal codes, no redraws
 
-    failed = run_cli(
-        [*ARGS, "run_name=q", "task.generate_if_missing=false", "data_dir=/nonexistent"], tmp_path, check=False
-    )
+    failed = run_cli([*ARGS, "run_name=q", "data.batch_size=128"], tmp_path, check=False)  # refused in the run
     assert failed.returncode == 2
     log = (tmp_path / "outputs" / "listops" / "full" / "q" / "run.log").read_text()
-    assert "error: ListOps files basic_{train,val,test}.tsv not found" in log  # the error is in the run's log
+    assert "error: the train split has 64 examples" in log  # the error is in the run's log
     crashed = run_cli([*ARGS, "run_name=n", *fault(nan_loss_at_step=2)], tmp_path, check=False)
     assert crashed.returncode != 0
     log = (tmp_path / "outputs" / "listops" / "full" / "n" / "run.log").read_text()

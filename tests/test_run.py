@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -43,14 +44,30 @@ def test_tiny_run_writes_a_complete_record(tmp_path: Path) -> None:
     assert "test accuracy" in proc.stdout and "results.json" in proc.stdout  # the summary
 
 
-def test_failed_run_records_its_error(tmp_path: Path) -> None:
-    proc = run_cli(
-        ["attn=full", "run_name=broken", "task.generate_if_missing=false", *TINY_LISTOPS], tmp_path, check=False
-    )
-    assert proc.returncode == 2
-    assert "error: ListOps files basic_{train,val,test}.tsv not found" in proc.stderr
-    record = record_of(tmp_path, "broken")
-    assert record["status"] == "failed" and "DataSourceError" in record["error"]
+def test_a_run_without_its_data_leaves_no_folder(tmp_path: Path) -> None:
+    """Refused for want of data before its first step: the message, exit 2, and no run folder (it used to stay
+    behind as a `failed` run, listed beside the runs that trained)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli(["task=text", "attn=full", f"data_dir={empty}"], tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "error: text (IMDB): " in proc.stderr, proc.stderr[-3000:]
+    assert list((tmp_path / "outputs").iterdir()) == [], list((tmp_path / "outputs").rglob("*"))
+    assert list(empty.iterdir()) == []
+
+
+def test_a_run_without_its_data_keeps_a_folder_that_held_a_run(tmp_path: Path) -> None:
+    """The same refusal in a folder an earlier run trained in (a resume): the folder and its record stay as they
+    were."""
+    data = tmp_path / "data"
+    args = ["attn=full", "run_name=kept", *TINY_LISTOPS, f"data_dir={data}"]
+    run_cli(args, tmp_path)
+    out = tmp_path / "outputs" / "listops" / "full" / "kept"
+    record = (out / "results.json").read_bytes()
+    shutil.rmtree(data / "listops-1000")  # the data is gone
+    proc = run_cli([*args, "task.generate_if_missing=false"], tmp_path, check=False)
+    assert proc.returncode == 2 and "error: ListOps files basic_{train,val,test}.tsv not found" in proc.stderr
+    assert (out / "results.json").read_bytes() == record and (out / "checkpoints" / "last.ckpt").exists()
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+LOG_NAME = "run.log"  # Hydra's job log of run.py (`<job name>.log`), which the tees append to
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LOG_ONLY = -1  # the stream id of text that goes to the file only (the tees use their own ids)
 
