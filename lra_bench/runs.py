@@ -27,6 +27,7 @@ from rich.table import Table
 
 from lra_bench.leaderboard.aggregate import find_results, load_records
 from lra_bench.record.identity import LOGISTICS
+from lra_bench.reports.terminal import table_console
 from lra_bench.run.curves import read_metrics
 from lra_bench.run.lock import is_held
 
@@ -192,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [row_of(r) for r in records]
     rows.sort(key=lambda r: (r["task"], r["attn"], r["started"]))
     shown = [r for r in rows if matches(r, args)]
-    console = Console(highlight=False)
+    console = table_console(highlight=False)
     if shown:
         render(shown, console)
     counts: dict[str, int] = {}

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from lra_bench.config.setup import MAX_NAME, override_items
+from lra_bench.record import results
 from tests.conftest import REPO, TINY_LISTOPS, run_cli
 
 ARGS = [*TINY_LISTOPS, "attn=full", "seed=3", "diagnostics.enabled=false"]
@@ -137,3 +138,26 @@ def test_a_resumed_runs_curve_joins_its_attempts_and_counts_steps_done(tmp_path:
     assert losses["step"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]  # steps done, each once
     assert losses["train/loss"].tolist() == pytest.approx([2.0, 1.9, 1.8, 0.7, 0.6, 0.5, 0.4, 0.3])
     assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [8] and metrics["test/acc"].isna().all()
+
+
+def test_into_a_pipe_every_row_stays_on_one_line(tmp_path: Path) -> None:
+    """Not a terminal (`python -m lra_bench.runs DIR > file`): rich drew 80 columns and folded a row's overrides one
+    per line under it; now the table keeps its natural width."""
+    run_dir = tmp_path / "outputs" / "listops" / "full" / "wide"
+    given = ["optim.lr=0.0005", "model.dim=128", "model.depth=4", "trainer.max_steps=4000", "task.gen_num_train=96000"]
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {item}\n" for item in ["attn=full", *given]))
+    record = results.empty_record()
+    record.update(status="completed", task="listops", attn="full", seed=0)
+    record["run"].update(name="wide", output_dir=str(run_dir))
+    record["metrics"].update(val_acc=0.5, test_acc=0.25, train_steps=4000)
+    results.write_atomic(run_dir / results.FILENAME, record)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra_bench.runs", "outputs"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 3, proc.stdout  # the header, the run, the count
+    row = lines[1]
+    assert len(row) > 80 and row.split()[:3] == ["completed", "listops", "full"], row
+    assert " ".join(given) in row and row.endswith("outputs/listops/full/wide"), row

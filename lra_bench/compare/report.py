@@ -301,10 +301,11 @@ def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
 
 def print_report(comparison: Comparison, alpha: float = 0.05, console: Any = None) -> None:
     """The report for a terminal: the same text, the main table drawn by rich (markdown's pipes are hard to read)."""
-    from rich.console import Console
     from rich.table import Table as RichTable
 
-    console = console or Console(highlight=False)
+    from lra_bench.reports.terminal import table_console
+
+    console = console or table_console(highlight=False)
     before, main, after = report_parts(comparison, alpha)
     console.print("\n".join(before).rstrip(), markup=False)
     drawn = RichTable(*main.header, header_style="bold")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from lra_bench.reports.terminal import table_console
 from lra_bench.run.curves import FILENAME as CURVES
 from lra_bench.run.runlog import to_log_only
 
@@ -93,7 +94,7 @@ def print_summary(record: dict[str, Any]) -> None:
         rows.append(("error", str(record["error"])))
     for key, value in rows:
         table.add_row(key, value)
-    console = Console(width=max(100, Console().width))
+    console = table_console(min_width=100)
     console.print(table)
     # paths on their own lines, never truncated, so they can be copied
     if evaluation:
