@@ -23,18 +23,13 @@ from tasks.base import SPLITS
 from tasks.generate import pathfinder
 from tasks.image import tf_grayscale
 from tasks.listops import ListOpsConfig, ListOpsDataModule
+from tests.conftest import TINY_LISTOPS
 
 PINNED_MTIME_NS = 1_600_000_000 * 10**9  # every probe stamps its ListOps files alike: the cache key sees the bytes
+#: the test suite's tiny ListOps (`TINY_LISTOPS`' task keys), generated in this process
 SMALL_LISTOPS = ListOpsConfig(
-    max_length=64,
-    seq_len=64,
-    gen_num_train=64,
-    gen_num_val=16,
-    gen_num_test=16,
-    gen_min_length=8,
-    gen_max_length=64,
-    gen_max_depth=4,
     gen_workers=1,
+    **{k.removeprefix("task."): int(v) for k, v in (a.split("=", 1) for a in TINY_LISTOPS) if k.startswith("task.")},
 )
 #: (resolution, contour length, images): every resolution's geometry and renderer
 PATHFINDER_SETS = ((32, 14, 6), (64, 9, 3), (128, 14, 3), (256, 6, 1))
