@@ -1,19 +1,25 @@
-"""`python -m lra_bench.runs [DIR...] [--task T] [--attn A] [--status S] [--where KEY=VALUE]`: every run, one line each.
+"""`python -m lra_bench.runs [DIR...] [--task T] [--attn A] [--status S] [--where KEY=VALUE] [--sort started]
+[--remove [--yes] [--include-completed]]`: every run, one line each.
 
 Where did my run go, did it finish, and how well did it do? One table of every `results.json` below DIRs (default:
 `outputs` and `multirun` where they exist): status, task, attention (and selector), the overrides that made the
 run (from its `.hydra/overrides.yaml`, logistics such as `data_dir` left out), best val and test accuracy, the
-step it reached of the steps planned, and its folder (relative to the current directory when below it, so it
-pastes into `ckpt_path=`, `python -m lra_bench.compare` or `evaluate`). A record that still says `running` while no
-process holds its run dir (`lra_bench.run.lock`) was killed: it is shown as `stopped`, and its step is the last one
-the CSV log holds. Reads only records and small files, so it is fast on a live sweep and on a cluster filesystem.
+step it reached of the steps planned, when it first started (local time), and its folder (relative to the current
+directory when below it, so it pastes into `ckpt_path=`, `python -m lra_bench.compare` or `evaluate`). A record that
+still says `running` while no process holds its run dir (`lra_bench.run.lock`) was killed: it is shown as `stopped`,
+and its step is the last one the CSV log holds. Reads only records and small files, so it is fast on a live sweep
+and on a cluster filesystem. `--remove` deletes the folders of the failed, interrupted and stopped runs listed
+(`lra_bench.runs_removal`: what may go, the question, the deletion), so a results dir can be tidied without
+`make clean`, which takes every result and the venv with it.
 
-Exit status 0 with the table; 2 with one line for a missing DIR or a DIR holding no run.
+Exit status 0 with the table; 2 with one line for a missing DIR, a DIR holding no run, or `--remove` with no
+terminal to ask on and no `--yes`.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import sys
 from collections.abc import Sequence
@@ -30,11 +36,17 @@ from lra_bench.record.identity import LOGISTICS
 from lra_bench.reports.terminal import table_console
 from lra_bench.run.curves import read_metrics
 from lra_bench.run.lock import is_held
+from lra_bench.runs_removal import remove_listed
 
 DEFAULT_DIRS = ("outputs", "multirun")
 #: a run's own overrides that its columns already show
 SHOWN = ("task", "attn", "selector")
 STATUS_STYLE = {"completed": "green", "evaluated": "cyan", "running": "yellow", "failed": "red", "stopped": "red"}
+#: `--sort`: each order's key of a row (the default first: grouped by task and attention, oldest first in a group)
+SORTS = {
+    "task": lambda row: (row["task"], row["attn"], row["started"]),
+    "started": lambda row: (row["started"], row["task"], row["attn"]),
+}
 
 
 def overrides_of(run_dir: Path) -> list[str]:
@@ -77,6 +89,27 @@ def shown_path(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
+def started_of(record: dict[str, Any]) -> dt.datetime | None:
+    """When the run first started: the earliest of its record's `run.started_at` and its attempts' starts (a resumed
+    run's record carries the start of the attempt that wrote it; its first segment says when the run began)."""
+    run = record.get("run") or {}
+    segments = [seg for seg in run.get("segments") or [] if isinstance(seg, dict)]
+    stamps = [run.get("started_at"), *(seg.get("started_at") for seg in segments)]
+    times = []
+    for stamp in stamps:
+        try:
+            moment = dt.datetime.fromisoformat(str(stamp))
+        except ValueError:  # absent (None) or not a timestamp: nothing to show
+            continue
+        times.append(moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc))
+    return min(times, default=None)
+
+
+def _when(moment: dt.datetime | None) -> str:
+    """A start in the reader's local time to the minute (what the clock on the wall said), `—` when unknown."""
+    return "—" if moment is None else moment.astimezone().strftime("%Y-%m-%d %H:%M")
+
+
 def _percent(value: Any) -> str:
     return "—" if value is None else f"{100 * float(value):.2f}"
 
@@ -84,6 +117,7 @@ def _percent(value: Any) -> str:
 def row_of(record: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(record["_path"]).parent
     metrics = record.get("metrics") or {}
+    started = started_of(record)
     return {
         "status": status_of(record, run_dir),
         "task": str(record.get("task")),
@@ -92,7 +126,9 @@ def row_of(record: dict[str, Any]) -> dict[str, Any]:
         "val": _percent(metrics.get("val_acc")),
         "test": _percent(metrics.get("test_acc")),
         "step": step_of(record, run_dir),
-        "started": str((record.get("run") or {}).get("started_at") or ""),
+        "started": (started.timestamp() if started else float("-inf")),  # sorts a run of unknown start first
+        "when": _when(started),
+        "run_dir": run_dir,
         "path": shown_path(run_dir),
         "config": record.get("config") or {},
     }
@@ -131,6 +167,7 @@ def render(rows: Sequence[dict[str, Any]], console: Console) -> None:
     table.add_column("overrides", overflow="fold", min_width=min(max(longest, 16), 48))  # one override per line
     for name in ("val %", "test %", "step"):
         table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("started", no_wrap=True)
     table.add_column("run dir", no_wrap=True)
     for row in rows:
         style = STATUS_STYLE.get(row["status"], "")
@@ -142,6 +179,7 @@ def render(rows: Sequence[dict[str, Any]], console: Console) -> None:
             row["val"],
             row["test"],
             row["step"],
+            row["when"],
             row["path"],
         )
     needed = Measurement.get(console, console.options.update_width(100_000), table).minimum
@@ -153,7 +191,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m lra_bench.runs",
         description="Every run below DIRs, one line each: status, task, attention, overrides, best val and test "
-        "accuracy (%), step reached / planned, run dir.",
+        "accuracy (%), step reached / planned, when it started (local time), run dir. --remove deletes the failed, "
+        "interrupted and stopped runs listed (asks first).",
     )
     p.add_argument("dirs", nargs="*", type=Path, help=f"dirs searched recursively (default: {', '.join(DEFAULT_DIRS)})")
     p.add_argument("--task", nargs="+", default=[], help="only these tasks")
@@ -172,6 +211,24 @@ def parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="only runs whose resolved config has KEY=VALUE, e.g. seed=1 optim.lr=0.002",
     )
+    p.add_argument(
+        "--sort",
+        choices=tuple(SORTS),
+        default=next(iter(SORTS)),
+        help="row order: by task and attention (default), or by when each run started, oldest first",
+    )
+    p.add_argument(
+        "--remove",
+        action="store_true",
+        help="delete the folders of the failed, interrupted and stopped runs listed (after the filters), after "
+        "showing them and asking; never a run a process holds",
+    )
+    p.add_argument("--yes", action="store_true", help="with --remove: do not ask (needed without a terminal)")
+    p.add_argument(
+        "--include-completed",
+        action="store_true",
+        help="with --remove: completed runs and evaluated checkpoints listed go too",
+    )
     return p
 
 
@@ -181,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [w for w in args.where if "=" not in w or not w.split("=", 1)[0]]
     if bad:
         p.exit(2, f"error: --where {bad[0]!r}: expected KEY=VALUE with a dotted config key, e.g. seed=1\n")
+    for flag in ("yes", "include_completed"):
+        if getattr(args, flag) and not args.remove:
+            p.exit(2, f"error: --{flag.replace('_', '-')} goes with --remove, which was not given\n")
+    if args.remove and not args.yes and not sys.stdin.isatty():
+        p.exit(2, "error: --remove asks before deleting, and there is no terminal to ask on: add --yes\n")
     dirs = args.dirs or [Path(d) for d in DEFAULT_DIRS if Path(d).is_dir()]
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
@@ -190,10 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = ", ".join(map(str, dirs)) or f"{' or '.join(DEFAULT_DIRS)} (neither exists here)"
         p.exit(2, f"error: no results.json under {where}; give the output or sweep dirs that hold the runs\n")
     records, unreadable = load_records(paths)
-    rows = [row_of(r) for r in records]
-    rows.sort(key=lambda r: (r["task"], r["attn"], r["started"]))
+    rows = sorted((row_of(r) for r in records), key=SORTS[args.sort])
     shown = [r for r in rows if matches(r, args)]
     console = table_console(highlight=False)
+    if args.remove:
+        return remove_listed(shown, rows, args.include_completed, not args.yes, lambda go: render(go, console), console)
     if shown:
         render(shown, console)
     counts: dict[str, int] = {}

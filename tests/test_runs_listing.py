@@ -10,23 +10,44 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
 
 from lra_bench.config.setup import MAX_NAME, override_items
 from lra_bench.record import results
+from lra_bench.run.lock import RunDirLock
 from tests.conftest import REPO, TINY_LISTOPS, run_cli
 
 ARGS = [*TINY_LISTOPS, "attn=full", "seed=3", "diagnostics.enabled=false"]
 
 
-def runs(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """`python -m lra_bench.runs ARGS` as a user types it (wide terminal, so rows are not folded)."""
-    env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": str(REPO)}
+def runs(*args: str, cwd: Path = REPO, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    """`python -m lra_bench.runs ARGS` as a user types it (wide terminal, so rows are not folded; in UTC, so a start
+    time reads as its record says; no terminal on stdin unless `stdin` is one)."""
+    env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": str(REPO), "TZ": "UTC"}
     return subprocess.run(
-        [sys.executable, "-m", "lra_bench.runs", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "lra_bench.runs", *args],
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
+
+
+def write_run(
+    run_dir: Path, status: str, started_at: str | None = None, task: str = "listops", attn: str = "full", **run: Any
+) -> Path:
+    """A run folder holding only its record, in the official schema (`results.empty_record`)."""
+    record = results.empty_record()
+    record.update(status=status, task=task, attn=attn, seed=0)
+    record["run"].update(name=run_dir.name, output_dir=str(run_dir), started_at=started_at, **run)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results.write_atomic(run_dir / results.FILENAME, record)
+    return run_dir
 
 
 def row_with(stdout: str, needle: str) -> list[str]:
@@ -161,3 +182,122 @@ def test_into_a_pipe_every_row_stays_on_one_line(tmp_path: Path) -> None:
     row = lines[1]
     assert len(row) > 80 and row.split()[:3] == ["completed", "listops", "full"], row
     assert " ".join(given) in row and row.endswith("outputs/listops/full/wide"), row
+
+
+def test_each_run_shows_when_it_started_and_sorts_by_it(tmp_path: Path) -> None:
+    """The start is the run's first: a resumed run's record carries its last attempt's start, its first segment the
+    run's; a record without one shows `—`. `--sort started` orders oldest first, the default by task and attention."""
+    group = tmp_path.resolve() / "outputs"
+    write_run(group / "text" / "full" / "a", "completed", "2025-03-02T09:15:00+00:00", task="text")
+    write_run(group / "listops" / "gpa" / "b", "failed", "2025-03-01T23:59:30+00:00", attn="gpa")
+    resumed = [{"started_at": "2025-02-27T08:00:00+00:00", "from_step": 0}, {"started_at": "2025-03-03T10:00:00+00:00"}]
+    write_run(group / "listops" / "full" / "c", "interrupted", "2025-03-03T10:00:00+00:00", segments=resumed)
+    write_run(group / "listops" / "nystrom" / "d", "completed", None, attn="nystrom")
+
+    by_task = runs(str(group))
+    assert by_task.returncode == 0, by_task.stderr
+    header, *lines = by_task.stdout.splitlines()[:5]
+    assert "started" in header.split()
+    expected = [f"{group}/{x}" for x in ("listops/full/c", "listops/gpa/b", "listops/nystrom/d", "text/full/a")]
+    assert [line.split()[-1] for line in lines] == expected
+    assert row_with(by_task.stdout, "full/a")[-3:-1] == ["2025-03-02", "09:15"]
+    assert row_with(by_task.stdout, "gpa/b")[-3:-1] == ["2025-03-01", "23:59"]
+    assert row_with(by_task.stdout, "full/c")[-3:-1] == ["2025-02-27", "08:00"]  # when the run first started
+    assert row_with(by_task.stdout, "nystrom/d")[-2] == "—"
+
+    by_start = runs(str(group), "--sort", "started")
+    assert by_start.returncode == 0, by_start.stderr
+    order = [line.split()[-1].rsplit("/", 1)[-1] for line in by_start.stdout.splitlines()[1:5]]
+    assert order == ["d", "c", "b", "a"]
+    only_failed = runs(str(group), "--status", "failed", "interrupted", "--sort", "started")
+    assert [line.split()[-1][-1] for line in only_failed.stdout.splitlines()[1:3]] == ["c", "b"]
+    assert "2 of 4 runs: 1 failed, 1 interrupted" in only_failed.stdout
+
+
+@pytest.fixture
+def mixed(tmp_path: Path, finished: tuple[Path, subprocess.CompletedProcess]) -> dict[str, Path]:
+    """A results dir of every kind of run: a completed real run (a copy of the module's), a failed one the `latest`
+    link points at, an interrupted one, a stopped one (killed: says running, no holder), a running one (this test
+    process holds its lock, as `run.py` does while it runs), and a failed one whose `eval/` holds a checkpoint's
+    evaluated record."""
+    source = (finished[0] / "outputs" / "listops" / "full" / "latest").resolve()
+    group = tmp_path.resolve() / "outputs" / "listops" / "full"
+    group.mkdir(parents=True)
+    shutil.copytree(source, group / "done")
+    dirs = {
+        "completed": group / "done",
+        "failed": write_run(group / "broke", "failed", "2025-03-01T10:00:00+00:00"),
+        "interrupted": write_run(group / "halted", "interrupted", "2025-03-01T11:00:00+00:00"),
+        "stopped": write_run(group / "killed", "running", "2025-03-01T12:00:00+00:00"),
+        "running": write_run(group / "live", "running", "2025-03-01T13:00:00+00:00"),
+        "holder": write_run(group.parents[1] / "text" / "gpa" / "broke", "failed", "2025-03-01T09:00:00+00:00"),
+    }
+    write_run(dirs["holder"] / "eval" / "best-4", "evaluated", "2025-03-01T09:30:00+00:00", task="text", attn="gpa")
+    (group / "latest").symlink_to("broke", target_is_directory=True)
+    return dirs
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file below `root` with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_remove_deletes_the_failed_interrupted_and_stopped_runs_listed_and_nothing_else(
+    mixed: dict[str, Path], tmp_path: Path
+) -> None:
+    outputs = tmp_path / "outputs"
+    live = RunDirLock(mixed["running"]).acquire()
+    try:
+        before = tree(outputs)
+        refused = runs(str(outputs), "--remove")  # no terminal to ask on, no --yes
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "--yes" in lines[0]
+        assert refused.stdout == "" and tree(outputs) == before
+
+        only_failed = runs(str(outputs), "--remove", "--yes", "--status", "failed", "--task", "listops")
+        assert only_failed.returncode == 0, only_failed.stderr
+        assert not mixed["failed"].exists() and mixed["interrupted"].is_dir() and mixed["holder"].is_dir()
+        assert not os.path.lexists(mixed["failed"].parent / "latest")  # the link to it went with it
+        assert "removed 1 of 1 run folders" in only_failed.stdout
+
+        proc = runs(str(outputs), "--remove", "--yes")
+        assert proc.returncode == 0, proc.stderr
+        assert str(mixed["interrupted"]) in proc.stdout and str(mixed["stopped"]) in proc.stdout
+        assert not mixed["interrupted"].exists() and not mixed["stopped"].exists()
+        assert mixed["completed"].is_dir() and mixed["running"].is_dir()
+        assert (mixed["holder"] / "eval" / "best-4" / "results.json").is_file()  # its folder holds a kept record
+        assert "removed 2 of 2 run folders" in proc.stdout
+        kept = next(line for line in proc.stdout.splitlines() if line.startswith("kept: "))
+        for why in ("completed (--include-completed", "running (a process holds", "evaluated (--include-completed"):
+            assert f"1 {why}" in kept, kept
+        assert "1 holding a run that stays" in kept, kept
+
+        everything = runs(str(outputs), "--remove", "--yes", "--include-completed")
+        assert everything.returncode == 0, everything.stderr
+        assert not mixed["completed"].exists() and not mixed["holder"].exists()
+        assert (mixed["running"] / "results.json").is_file()  # never a run a process holds
+        assert "kept: 1 running (a process holds them)" in everything.stdout
+    finally:
+        live.release()
+
+
+def test_remove_asks_on_a_terminal_and_a_no_keeps_everything(mixed: dict[str, Path], tmp_path: Path) -> None:
+    """On a terminal `--remove` asks; no lock is held here, so the `running` record is a killed run's (stopped)."""
+    import pty
+
+    outputs = tmp_path / "outputs"
+    before = tree(outputs)
+    for answer, code in (("n", 1), ("y", 0)):
+        controller, terminal = pty.openpty()
+        try:
+            os.write(controller, f"{answer}\n".encode())  # typed ahead: the terminal holds it until it is read
+            proc = runs(str(outputs), "--remove", stdin=terminal)
+        finally:
+            os.close(terminal)
+            os.close(controller)
+        assert proc.returncode == code, proc.stdout + proc.stderr
+        assert "remove these 4 run folders (" in proc.stdout and "? [y/N]" in proc.stdout
+        if answer == "n":
+            assert "nothing removed" in proc.stdout and tree(outputs) == before
+    assert not any(mixed[k].exists() for k in ("failed", "interrupted", "stopped", "running"))
+    assert mixed["completed"].is_dir() and mixed["holder"].is_dir()
