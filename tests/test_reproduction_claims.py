@@ -13,36 +13,25 @@ import pytest
 from scipy import stats
 
 from lra_bench import reproduce, reproduction_claims, reproductions
+from tests.test_reproductions import _record as page_record
 
 EXAMPLES = 2000
 HARDWARE = {"cpu": "test CPU", "cpu_count": 2}
 
 
 def _record(attn: str, seed: int, acc: float, step_s: float = 1.0, memory: float = 1000.0) -> dict[str, Any]:
-    return {
-        "status": "completed",
-        "protocol": "nystromformer",
-        "task": "listops",
-        "attn": attn,
-        "seed": seed,
-        "off_protocol": False,
-        "rank_budget": 64,
-        "metrics": {
-            "test_acc": acc,
-            "test_examples": EXAMPLES,
-            "train_steps": 5000,
-            "val_acc": acc,
-            "best_step": 5000,
-            "step_time_median_s": step_s,
-            "timed_steps": 4000,
-            "step_time_iqr_s": 0.05 * step_s,
-            "peak_memory_mib": memory,
-        },
-        "run": {"planned_steps": 5000, "segments": [], "finished_at": None},
-        "config": {"trainer": {"precision": "32-true"}, "attn": {"window": 64} if attn == "local" else {}},
-        "env": {"hardware": HARDWARE},
-        "data": {"split": "generated files", "origin": {"kind": "generated"}},
+    """test_reproductions' minimal record, with what the claims read beside it: test size, timing, memory,
+    hardware, rank budget and a local window."""
+    record = page_record(attn, seed, acc)
+    record["metrics"] |= {
+        "test_examples": EXAMPLES,
+        "step_time_median_s": step_s,
+        "timed_steps": 4000,
+        "step_time_iqr_s": 0.05 * step_s,
+        "peak_memory_mib": memory,
     }
+    record["config"]["attn"] = {"window": 64} if attn == "local" else {}
+    return record | {"rank_budget": 64, "env": {"hardware": HARDWARE}}
 
 
 def _runs(tmp_path: Path, accuracies: dict[str, list[float]], **extra: Any) -> list[reproductions.Run]:

@@ -52,3 +52,10 @@ def load(name: str) -> ModuleType | None:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"[lra-bench] kernel {name!r} could not be built ({first}); running the eager form", file=sys.stderr)
         return None
+
+
+def built(name: str) -> ModuleType:
+    """The compiled module of `name`, for a caller that checked `load(name)` first (its eager form otherwise)."""
+    module = load(name)
+    assert module is not None, f"models.kernels: the kernel {name!r} is not built on this machine"
+    return module

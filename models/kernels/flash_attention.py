@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from models import kernels
 from models.kernels import load
 
 
@@ -27,9 +28,7 @@ def kernel() -> ModuleType | None:
 
 def built() -> ModuleType:
     """The compiled module, for a caller that checked `kernel()` first."""
-    module = kernel()
-    assert module is not None, "models.kernels.flash_attention: the kernel is not built on this machine"
-    return module
+    return kernels.built("flash_attention")
 
 
 def draw_seed() -> int:

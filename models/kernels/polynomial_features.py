@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from models import kernels
 from models.kernels import load
 
 
@@ -18,9 +19,7 @@ def kernel() -> ModuleType | None:
 
 def built() -> ModuleType:
     """The compiled module, for a caller that checked `kernel()` first."""
-    module = kernel()
-    assert module is not None, "models.kernels.polynomial_features: the kernel is not built on this machine"
-    return module
+    return kernels.built("polynomial_features")
 
 
 class DegreeTwoFeatures(torch.autograd.Function):
