@@ -240,8 +240,8 @@ def test_published_averages_match_their_papers() -> None:
 
 def test_api_returns_paths_and_rows_and_wandb_is_a_no_op_offline(tmp_path: Path) -> None:
     _record(tmp_path / "run0", task="listops", attn="full", seed=0, test=0.4)
-    result = build_leaderboard([tmp_path], plots=False)
-    assert result["markdown"] == tmp_path / "leaderboard.md" and result["markdown"].exists()
+    result = build_leaderboard([tmp_path], tmp_path / "board", plots=False)
+    assert result["markdown"] == tmp_path / "board" / "leaderboard.md" and result["markdown"].exists()
     assert result["csv"].exists() and result["plots"] == []
     assert [r["test_acc_mean"] for r in result["rows"]] == [pytest.approx(40.0)]
     assert log_to_wandb(result) is None  # WANDB_MODE=disabled (the tests' default): nothing happens, nothing raises

@@ -160,3 +160,39 @@ def test_compare_draws_its_main_table_in_a_terminal_and_stays_markdown_when_pipe
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert piped.returncode == 0 and "| task | seeds |" in piped.stdout and "┃" not in piped.stdout
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    """Every file below `root` (links too, by their target) with the SHA-256 of its bytes."""
+    import hashlib
+
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_the_leaderboard_leaves_the_folder_it_reads_as_it_was(board: dict[str, Any], tmp_path: Path) -> None:
+    """`python -m lra_bench.leaderboard reproductions/` wrote its md/csv/png into the committed evidence: now its
+    files go to `outputs/leaderboard/` of the current directory (or `--out`), the table to the terminal, and the
+    folder it reads keeps every byte and gains no file."""
+    before = _hashes(board["root"])
+    here = tmp_path / "work"  # where the researcher stands
+    here.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "MPLBACKEND": "Agg", "WANDB_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra_bench.leaderboard", str(board["root"])],
+        cwd=here, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _hashes(board["root"]) == before  # no file changed, none added, none removed
+    out = here / "outputs" / "leaderboard"
+    written = {p.name for p in out.iterdir()}
+    assert {"leaderboard.md", "leaderboard.csv", "leaderboard_wide.csv", "leaderboard_listops.png"} <= written
+    assert "protocol nystromformer: test accuracy (%)" in proc.stdout  # the table in the terminal
+    assert f"  {Path('outputs') / 'leaderboard' / 'leaderboard.md'}" in proc.stdout.splitlines()
+    helped = subprocess.run(
+        [sys.executable, "-m", "lra_bench.leaderboard", "--help"], cwd=here, env=env, capture_output=True, text=True
+    )
+    assert "outputs/leaderboard" in " ".join(helped.stdout.split())

@@ -39,7 +39,7 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> dict:
     rec.update(status="completed", task="listops", attn="solo", protocol="nystromformer", seed=0, off_protocol=False)
     rec["metrics"].update(test_acc=0.9)
     results.write_atomic(root / "solo" / results.FILENAME, rec)
-    return build_leaderboard([root], plots=False)
+    return build_leaderboard([root], root / "board", plots=False)
 
 
 def _by_hand(values: list[float]) -> tuple[float, float, float]:

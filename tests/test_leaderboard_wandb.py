@@ -96,10 +96,11 @@ def _offline_run(directory: Path) -> Path:
 def test_cli_logs_tables_and_charts_to_an_offline_run_in_the_sweeps_group(tmp_path: Path) -> None:
     _sweep(tmp_path, group="leaderboard-nystromformer")
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "elsewhere"), "MPLBACKEND": "Agg"}
-    proc = subprocess.run([sys.executable, "-m", "lra_bench.leaderboard", str(tmp_path), "--wandb"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = tmp_path / "board"
+    proc = subprocess.run([sys.executable, "-m", "lra_bench.leaderboard", str(tmp_path), "--wandb", "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    run_dir = _offline_run(tmp_path)
+    run_dir = _offline_run(out)
     assert f"W&B: {run_dir}" in proc.stdout
     records = read_finished_log(next(run_dir.glob("run-*.wandb")))
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
@@ -109,7 +110,7 @@ def test_cli_logs_tables_and_charts_to_an_offline_run_in_the_sweeps_group(tmp_pa
     assert history["leaderboard/groups/_type"] == "table-file" and history["leaderboard/groups/nrows"] == 2
     table = json.loads((run_dir / "files" / history["leaderboard/groups/path"]).read_text())
     assert table["columns"] == list(GROUP_COLUMNS)
-    with open(tmp_path / "leaderboard.csv", newline="") as fh:
+    with open(out / "leaderboard.csv", newline="") as fh:
         csv_rows = list(csv.DictReader(fh))
     by_attn = {row[table["columns"].index("attn")]: row for row in table["data"]}
     for row in csv_rows:  # the W&B table is the CSV's table
@@ -128,10 +129,11 @@ def test_cli_logs_tables_and_charts_to_an_offline_run_in_the_sweeps_group(tmp_pa
 def test_disabled_mode_logs_nothing(tmp_path: Path) -> None:
     _sweep(tmp_path, group="g")
     env = {**os.environ, "WANDB_MODE": "disabled", "MPLBACKEND": "Agg"}
-    proc = subprocess.run([sys.executable, "-m", "lra_bench.leaderboard", str(tmp_path), "--wandb", "--no-plots"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = tmp_path / "board"
+    argv = [sys.executable, "-m", "lra_bench.leaderboard", str(tmp_path), "--wandb", "--no-plots", "--out", str(out)]
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert not (tmp_path / "wandb").exists() and "W&B:" not in proc.stdout
+    assert not (out / "wandb").exists() and "W&B:" not in proc.stdout
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ def test_charts_from_a_five_task_sweep(tmp_path: Path) -> None:
                 _record(tmp_path / f"{task}_{attn}_{seed}", attn, task, seed)
     # a run with no full-attention run of its protocol, task and length: left out of the chart, with a note
     _record(tmp_path / "odd", "gpa", "listops", 0, seq_len=512, protocol="skyformer")
-    table = build_leaderboard([tmp_path])
+    table = build_leaderboard([tmp_path], tmp_path / "board")
     charts = {(c.protocol, c.target): c for c in table["pareto"]}
     assert ("nystromformer", "avg5") in charts and ("nystromformer", "listops") in charts
     listops = {p.method: p for p in charts[("nystromformer", "listops")].points}
@@ -81,7 +81,7 @@ def test_charts_from_a_five_task_sweep(tmp_path: Path) -> None:
 def test_no_full_attention_run_means_no_chart(tmp_path: Path) -> None:
     for attn in ("nystrom", "gpa"):
         _record(tmp_path / attn, attn, "listops", 0)
-    table = build_leaderboard([tmp_path])
+    table = build_leaderboard([tmp_path], tmp_path / "board")
     assert table["pareto"] == []
     assert "left out of the chart" in table["markdown"].read_text()
 

@@ -188,7 +188,7 @@ def test_leaderboard_rows_are_one_fingerprint_except_seed(tmp_path: Path) -> Non
         _write(tmp_path, f"s{steps}", [*proto, f"trainer.max_steps={steps}"], acc)
     for lr, acc in (("1e-3", 0.33), ("1e-2", 0.35)):  # an lr sweep: two rows
         _write(tmp_path, f"lr{lr}", [*proto, f"optim.lr={lr}", "trainer.max_steps=20"], acc)
-    table = build_leaderboard([tmp_path], plots=False)
+    table = build_leaderboard([tmp_path], tmp_path / "board", plots=False)
     rows = table["rows"]
     assert len(rows) == 5, [(r["variant"], r["n"]) for r in rows]
     on = [r for r in rows if r["conformance"] == "on"]

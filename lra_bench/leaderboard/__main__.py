@@ -1,4 +1,4 @@
-"""`python -m lra_bench.leaderboard DIR... [--out OUTDIR]` (see `lra_bench.leaderboard.build`)."""
+"""`python -m lra_bench.leaderboard DIR... [--out OUTDIR]` (default `outputs/leaderboard/`; see its `build`)."""
 
 import sys
 

@@ -2,7 +2,10 @@
 
 Prints the main table (per protocol: our methods beside the published rows; `terminal`), then the files it wrote.
 Reads only result records, so it works offline, on any cluster filesystem, and on a sweep that
-is still running. Writes `leaderboard.md`, `leaderboard.csv` (one row per group), `leaderboard_wide.csv`
+is still running. Writes into `--out` (default `DEFAULT_OUT`, `outputs/leaderboard/` of the current directory, beside
+the other apps' outputs), never into the dirs it reads: they may be committed evidence (`reproductions/`) that a
+table built from them must leave byte for byte as it was; the end-of-sweep callback names its sweep dir as the
+output itself. Writes `leaderboard.md`, `leaderboard.csv` (one row per group), `leaderboard_wide.csv`
 (one row per method, ours and published), `leaderboard_reproduced.csv` (does each published number reproduce:
 `reproduced`), `leaderboard_<task>.png` and the speed–accuracy–memory bubble
 charts `leaderboard_pareto_<protocol>_<task|avg5>.png` (`pareto`); `--wandb` also logs them to a W&B run
@@ -23,6 +26,8 @@ from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
 from lra_bench.leaderboard.wandb_log import log_to_wandb
 
+#: where `python -m lra_bench.leaderboard` writes without `--out` (relative to the current directory, as `outputs/`)
+DEFAULT_OUT = Path("outputs") / "leaderboard"
 MARKDOWN, CSV, WIDE_CSV = "leaderboard.md", "leaderboard.csv", "leaderboard_wide.csv"
 REPRODUCED_CSV = "leaderboard_reproduced.csv"
 
@@ -36,8 +41,9 @@ def _task_plots(rows: list[dict], out: Path) -> list[Path]:
     return paths
 
 
-def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = None, plots: bool = True) -> dict:
-    """Collect, aggregate and write every output; return their paths and the rows.
+def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path, plots: bool = True) -> dict:
+    """Collect, aggregate and write every output into `out_dir` (no default: a caller says where, so nothing is
+    written into the dirs read unless asked for, as the sweep callback does); return their paths and the rows.
 
     Returns a dict with `markdown`, `csv`, `wide_csv`, `reproduced_csv` (paths), `reproductions` (one verdict per
     published number and matching on-protocol row of ours), `plots` (paths, the Pareto charts included),
@@ -50,7 +56,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
     """
     if not dirs:
         raise ValueError("build_leaderboard needs at least one directory")
-    out = Path(out_dir) if out_dir is not None else Path(dirs[0])
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     paths = data.find_results(dirs)
@@ -117,10 +123,17 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path | None = N
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lra_bench.leaderboard",
-        description="Leaderboard (markdown, CSV, PNG) from every results.json below the given directories.",
+        description="Leaderboard (markdown, CSV, PNG) from every results.json below the given directories: the main "
+        f"table printed, the files written to --out ({DEFAULT_OUT}/ by default).",
     )
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (searched recursively)")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default: the first DIR)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"where the md/csv/png files (and --wandb's run) go (default: {DEFAULT_OUT}/ of the current directory; "
+        "the DIRs read are never written)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
         "--wandb",

@@ -48,6 +48,13 @@ def _table(wandb: Any, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -
     return wandb.Table(columns=list(columns), data=[[r.get(c) for c in columns] for r in rows], allow_mixed_types=True)
 
 
+def _named_after(table: dict[str, Any], out: Path) -> str:
+    """The folder a leaderboard run is named after: the first dir it read (the sweep's, the evidence's), not where
+    its files went (`outputs/leaderboard` for every command-line build), else that output folder."""
+    dirs = table.get("dirs") or [out]
+    return Path(dirs[0]).resolve().name
+
+
 def log_to_wandb(
     table: dict[str, Any],
     mode: str | None = None,
@@ -74,7 +81,7 @@ def log_to_wandb(
             entity=entity or defaults.get("entity"),
             group=group or defaults.get("group"),
             job_type="leaderboard",
-            name=name or f"leaderboard-{out.resolve().name}",
+            name=name or f"leaderboard-{_named_after(table, out)}",
             dir=str(out),
             mode=mode,
             reinit="create_new",  # never log into (or finish) a run the caller has open
