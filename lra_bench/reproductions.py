@@ -566,12 +566,17 @@ def variant_section(root: Path, runs: list[Run], variant: str, figure: str | Non
 
 
 def plot(runs: list[Run], path: Path, title: str = "Every reproduction run (dashed: in progress)") -> None:
+    """Every run's validation curve. The legend sits beside the axes, never over a curve (inside, in any corner, it
+    hid the curves that reach there); a column of it per 20 runs keeps it within the figure's height, and the
+    figure widens by a column's width, so the axes keep their size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    rows_per_column = 20
+    columns = max(1, math.ceil(sum(1 for r in runs if r.curve) / rows_per_column))
+    fig, ax = plt.subplots(figsize=(6.5 + 2.6 * columns, 4.5))
     for r in runs:
         if r.curve:
             steps, accs = zip(*r.curve)
@@ -582,7 +587,7 @@ def plot(runs: list[Run], path: Path, title: str = "Every reproduction run (dash
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if any(r.curve for r in runs):
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, ncols=columns)
     save_figure(fig, path)
 
 

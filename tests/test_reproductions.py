@@ -286,3 +286,40 @@ def test_the_page_says_how_many_seeds_a_one_point_difference_needs() -> None:
     assert f"{seeds_per_arm(1.0, pooled)} seeds per method" in line
     line = reproduction_claims.seeds_needed(gpa, nystrom[:1], "gpa", "nystrom")
     assert "unknown until each method has 2 completed seeds" in line and "now 3 and 1" in line
+
+
+def test_the_curve_figures_legend_sits_beside_the_axes_and_covers_no_curve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The legend sat in the lower right, over the curves that rise there; now it is outside the axes, and still
+    inside the saved figure (nothing of it cut off), however many runs it names."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figures: list[Any] = []
+    save = reproductions.save_figure
+
+    def keep(fig: Any, path: Path) -> Path:
+        figures.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(reproductions, "save_figure", keep)
+    steps = range(0, 5001, 250)
+    for n in (3, 30):  # a few runs, and more than one column of legend entries holds
+        runs = []
+        for i in range(n):  # curves from the bottom of the axes to the top, over its whole width
+            curve = [(s, 0.1 + 0.8 * (i / max(n - 1, 1)) * s / 5000) for s in steps]
+            record = {"status": "completed" if i % 2 else "running", "metrics": {}}
+            runs.append(reproductions.Run("nystromformer", "listops", f"attn{i}", i, record, Path(f"seed-{i}"), curve))
+        path = tmp_path / f"curves-{n}.png"
+        reproductions.plot(runs, path)
+        assert path.read_bytes()[:4] == b"\x89PNG"
+        fig = figures[-1]
+        canvas = FigureCanvasAgg(fig)  # the saved layout, drawn again (closing the figure dropped its canvas)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        (ax,) = fig.axes
+        legend = ax.get_legend()
+        assert legend is not None and len(legend.get_texts()) == n
+        box = legend.get_window_extent(renderer)
+        assert not box.overlaps(ax.get_window_extent(renderer)), f"{n} runs: the legend lies over the curves"
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1

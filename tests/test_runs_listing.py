@@ -301,3 +301,31 @@ def test_remove_asks_on_a_terminal_and_a_no_keeps_everything(mixed: dict[str, Pa
             assert "nothing removed" in proc.stdout and tree(outputs) == before
     assert not any(mixed[k].exists() for k in ("failed", "interrupted", "stopped", "running"))
     assert mixed["completed"].is_dir() and mixed["holder"].is_dir()
+
+
+@pytest.mark.timeout(900)
+def test_an_offline_wandb_run_ends_with_the_command_that_uploads_it(
+    tmp_path: Path, finished: tuple[Path, subprocess.CompletedProcess]
+) -> None:
+    """The W&B logger offline (`logger=default`): the summary names `wandb sync <its offline run dir>`, a command
+    wandb accepts; once uploaded (wandb's `.synced` marker) the line is gone; a run without W&B never has it."""
+    assert "wandb sync" not in finished[1].stdout  # logger=csv
+    args = [*(a for a in ARGS if a != "logger=csv"), "logger=default"]
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir")}
+    proc = run_cli(args, tmp_path, env=env)
+    run_dir = (tmp_path / "outputs" / "listops" / "full" / "latest").resolve()
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    (part,) = sorted((run_dir / "wandb").glob("offline-run-*"))
+    lines = [line.rstrip() for line in proc.stdout.splitlines()]
+    (line,) = [line for line in lines if "wandb sync" in line]
+    assert line.startswith(f"W&B offline:   wandb sync {part}    # ") and part.name.endswith(run_id), line
+    assert lines.index(line) < lines.index(next(x for x in lines if x.startswith("next:")))  # before what comes next
+    wandb = Path(sys.executable).with_name("wandb")
+    dry = subprocess.run(
+        [str(wandb), "sync", "--dry-run", str(part)], capture_output=True, text=True, timeout=120, env=os.environ | env
+    )
+    assert dry.returncode == 0 and "Would sync 1 run(s)" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
+
+    (part / f"run-{run_id}.wandb.synced").touch()  # what `wandb sync` leaves in a part it uploaded
+    again = run_cli(args, tmp_path, env=env)  # a completed run: prints its summary again, changes nothing
+    assert "already completed" in again.stdout and "wandb sync" not in again.stdout

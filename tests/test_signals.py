@@ -94,7 +94,7 @@ def test_sigterm_saves_at_the_signal_exits_143_and_the_same_command_resumes_ther
     assert record["status"] == "interrupted" and f"stopped by SIGTERM at step {step}" in record["error"]
     print(f"SIGTERM: saved at step {step} ({step - VAL_EVERY} steps after the last periodic save), exit {took:.1f}s")
 
-    run_cli(_args(tmp_path, "default"), tmp_path, env=_env(tmp_path, "default"))  # the same command again
+    resumed = run_cli(_args(tmp_path, "default"), tmp_path, env=_env(tmp_path, "default"))  # the same command again
     record = results.read_record(out / results.FILENAME)
     assert record["status"] == "completed" and record["run"]["resumed_from_step"] == step
     assert record["metrics"]["train_steps"] == MAX_STEPS
@@ -115,6 +115,9 @@ def test_sigterm_saves_at_the_signal_exits_143_and_the_same_command_resumes_ther
         timeout=120,
     )
     assert sync.returncode == 0 and "Would sync 2 run(s)" in sync.stderr + sync.stdout, sync.stderr  # the README's
+    # and the command the resumed run's summary ends with: both parts, oldest first, under the one id
+    both = " ".join(str(p.parent) for p in parts)
+    assert f"W&B offline:   wandb sync --id {wandb_id} {both}    # " in resumed.stdout, resumed.stdout[-2000:]
 
 
 @pytest.mark.timeout(600)
