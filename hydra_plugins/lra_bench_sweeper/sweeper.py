@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -31,7 +32,8 @@ def _job(overrides: Sequence[str], varying: set[str]) -> str:
     return " ".join(shown)
 
 
-def _refuse(message: str) -> None:
+def refuse(message: str) -> NoReturn:
+    """Stop the sweep before it launches anything more: one line on stderr, exit 2 (bad input)."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
 
@@ -40,39 +42,45 @@ class ValidatingSweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
 
-    def split_arguments(  # type: ignore[override]  (an instance method here: it needs the config loader)
+    def split_arguments(  # type: ignore[override]  # an instance method here: it needs the config loader
         self, overrides: list[Override], max_batch_size: int | None
     ) -> list[list[list[str]]]:
         jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
         varying = {o.get_key_element() for o in overrides if o.is_sweep_override()}
-        kept = self.check_jobs(jobs, varying)
+        assert self.hydra_context is not None and self.config is not None
+        kept = check_jobs(self.hydra_context, self.config, jobs, varying)
+        if not kept:
+            refuse(f"every one of the {len(jobs)} jobs of this sweep is an incompatible combination (see above)")
+        if len(kept) < len(jobs):
+            skipped = len(jobs) - len(kept)
+            print(f"[lra-bench] sweep: launching {len(kept)} of {len(jobs)} jobs ({skipped} skipped)", flush=True)
         if max_batch_size is None:
             return [kept]
         return [kept[i : i + max_batch_size] for i in range(0, len(kept), max_batch_size)]
 
-    def check_jobs(self, jobs: list[list[str]], varying: set[str]) -> list[list[str]]:
-        from lra_bench.config.compose import one_line
-        from lra_bench.errors import ConfigError, IncompatibleCombination
-        from lra_bench.run.build import check_run_config
 
-        assert self.hydra_context is not None and self.config is not None
-        kept, skipped = [], []
-        for job in jobs:
-            name = _job(job, varying)
-            try:
-                cfg: Any = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
-                check_run_config(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
-            except IncompatibleCombination as err:
-                skipped.append(name)
-                print(f"[lra-bench] sweep: skipping {name}: {err}", flush=True)
-                continue
-            except ConfigError as err:
-                _refuse(f"sweep job {name}: {err}")
-            except (HydraException, OmegaConfBaseException) as err:
-                _refuse(f"sweep job {name}: {one_line(err).split(' Config search path:')[0]}")
-            kept.append(job)
-        if not kept:
-            _refuse(f"every one of the {len(jobs)} jobs of this sweep is an incompatible combination (see above)")
-        if skipped:
-            print(f"[lra-bench] sweep: launching {len(kept)} of {len(jobs)} jobs ({len(skipped)} skipped)", flush=True)
-        return kept
+def check_jobs(
+    hydra_context: HydraContext, config: DictConfig, jobs: list[list[str]], varying: set[str]
+) -> list[list[str]]:
+    """The jobs that can run, each composed as the launcher will compose it and checked: an incompatible
+    combination is left out with one line; anything else wrong stops the sweep (one line, exit 2). Shared by every
+    sweeper of this package (the Optuna sweeper checks each batch of trials with it)."""
+    from lra_bench.config.compose import one_line
+    from lra_bench.errors import ConfigError, IncompatibleCombination
+    from lra_bench.run.build import check_run_config
+
+    kept = []
+    for job in jobs:
+        name = _job(job, varying)
+        try:
+            cfg: Any = hydra_context.config_loader.load_sweep_config(config, list(job))
+            check_run_config(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+        except IncompatibleCombination as err:
+            print(f"[lra-bench] sweep: skipping {name}: {err}", flush=True)
+            continue
+        except ConfigError as err:
+            refuse(f"sweep job {name}: {err}")
+        except (HydraException, OmegaConfBaseException) as err:
+            refuse(f"sweep job {name}: {one_line(err).split(' Config search path:')[0]}")
+        kept.append(job)
+    return kept

@@ -1,9 +1,10 @@
 """Fair tuning: an Optuna search with the same budget and space for every method, then final runs that record it.
 
 1. `python run.py hparams_search=optuna task=listops attn=gpa` — `conf/hparams_search/optuna.yaml`: the Optuna
-   sweeper runs `tuning.budget` trials over lr, warm-up and dropout, each scored by its best validation accuracy
-   (what `run.py` returns; trials never test). At the end `TuningCallback` writes `<sweep dir>/tuning.yaml` —
-   budget, space, sampler seed, trials that completed, the chosen values — and prints the command for step 2.
+   sweeper (`hydra_plugins/lra_bench_sweeper/optuna_sweeper.py`) runs `tuning.budget` trials over lr, warm-up and
+   dropout, each scored by its best validation accuracy (what `run.py` returns; trials never test). At the end
+   `TuningCallback` writes `<sweep dir>/tuning.yaml` — budget, space, sampler seed, trials that completed, the
+   chosen values — and prints the command for step 2.
 2. `python run.py -m task=listops attn=gpa seed=0,1,2 tuning=tuned tuning.search_dir=<sweep dir>` —
    `conf/tuning/tuned.yaml` reads the chosen values through the `tuned` resolver, so the resolved config (and the
    result record's config and identity) holds them, with `tuning.role=tuned`, the budget and the space.
@@ -27,6 +28,7 @@ from lra_bench.config.plain import plain_dict
 
 FILENAME = "tuning.yaml"
 FORMAT = "lra-bench/tuning/1"
+#: the search's own result (best trial, every trial), written by the Optuna sweeper (hydra_plugins/lra_bench_sweeper)
 OPTUNA_RESULTS = "optimization_results.yaml"
 #: the keys `conf/tuning/tuned.yaml` sets from a search (others the search tuned are passed on the command line)
 TUNED_KEYS = ("optim.lr", "optim.warmup_steps", "model.dropout")
@@ -91,7 +93,7 @@ def write_result(config: DictConfig, sweep_dir: Path) -> Path:
     """`<sweep dir>/tuning.yaml` from the Optuna sweeper's result and the search's config."""
     optuna_path = sweep_dir / OPTUNA_RESULTS
     if not optuna_path.is_file():
-        raise TuningError(f"{optuna_path}: missing — did the sweep use hydra/sweeper=optuna and finish?")
+        raise TuningError(f"{optuna_path}: missing — was it `python run.py hparams_search=optuna ...`, and did it end?")
     found = plain_dict(OmegaConf.load(optuna_path))
     best = dict(found.get("best_params") or {})
     values = {k: best.get(k, OmegaConf.select(config, k)) for k in TUNED_KEYS} | best
