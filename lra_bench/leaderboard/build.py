@@ -18,13 +18,12 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
-
 from lra_bench.leaderboard import aggregate as data
 from lra_bench.leaderboard import locality, pareto, reproduced, terminal, uncertainty, wandb_log
 from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
 from lra_bench.leaderboard.wandb_log import log_to_wandb
+from lra_bench.reports.terminal import table_console
 
 #: where `python -m lra_bench.leaderboard` writes without `--out` (relative to the current directory, as `outputs/`)
 DEFAULT_OUT = Path("outputs") / "leaderboard"
@@ -159,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode = wandb_log.resolve_mode(None if args.wandb == "auto" else args.wandb)
         wandb_dir = log_to_wandb(result, mode=mode, project=args.wandb_project, group=args.wandb_group)
         wandb_failed = wandb_dir is None and mode != "disabled"
-    console = Console(width=max(Console().width, 120), highlight=False)
+    console = table_console(min_width=120, highlight=False)
     terminal.print_summary(result["wide"], result["published"], console)
     print(
         f"{result['n_files']} results.json: {len(result['rows'])} groups, {len(result['failures'])} failed or "

@@ -98,12 +98,13 @@ class LeaderboardCallback(Callback):
         if not self._sweep_dir or not Path(self._sweep_dir).is_dir():
             return None
         try:
-            from rich.console import Console
-
             from lra_bench.leaderboard import build_leaderboard, terminal
+            from lra_bench.reports.terminal import table_console
 
             table = build_leaderboard([self._sweep_dir], out_dir=self._sweep_dir, plots=self.plots)
-            terminal.print_summary(table["wide"], table["published"], Console(highlight=False))  # the sweep's table
+            terminal.print_summary(
+                table["wide"], table["published"], table_console(highlight=False)
+            )  # the sweep's table
         except Exception as err:
             print(f"[lra-bench] leaderboard for {self._sweep_dir} failed: {type(err).__name__}: {err}", file=sys.stderr)
             return None
