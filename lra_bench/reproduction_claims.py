@@ -27,6 +27,7 @@ from typing import Any
 from lra_bench.compare.pairing import efficiency, seed_outcome
 from lra_bench.leaderboard.reproduced import reproduction_interval
 from lra_bench.reports.markdown import table
+from lra_bench.reproduction_approx import EXACT
 from lra_bench.reproduction_runs import Run
 from lra_bench.stats.paired import NO_TEST, PairedResult, compare_paired
 from lra_bench.stats.power import seeds_per_arm
@@ -36,17 +37,12 @@ DIFFERENCE_PP = 1.0  # the gap the page sizes seeds for: about the spread of the
 EQUIVALENCE_PP = 1.0  # outlier-spectral's margin: "less than one percentage point accuracy loss"
 EFFICIENCY_FACTOR = 1.5  # and "at least 1.5× lower attention memory or latency"
 MIN_SEEDS = 2  # a claim about methods needs the seed spread: at least 2 paired seeds
-EXACT = "full"
 
 
 def completed(runs: Sequence[Run], attn: str) -> list[Run]:
     """The completed on-protocol runs of the current network of `attn`, by seed."""
-    mine = [
-        r
-        for r in runs
-        if r.attn == attn and r.completed and r.variant is None and r.record.get("off_protocol") is False
-    ]
-    return sorted((r for r in mine if r.test_acc is not None), key=lambda r: r.seed)
+    mine = [r for r in runs if r.attn == attn and r.counted and r.completed and r.test_acc is not None]
+    return sorted(mine, key=lambda r: r.seed)
 
 
 def _with_path(run: Run) -> dict[str, Any]:

@@ -33,6 +33,12 @@ class Run:
         return str(origin.get("kind")) if isinstance(origin, dict) and origin.get("kind") else "unrecorded"
 
     @property
+    def counted(self) -> bool:
+        """Whether the page counts it beside a published row: the protocol's own config (never a trial) and the
+        protocol's current network (never a variant's)."""
+        return self.record.get("off_protocol") is False and self.variant is None
+
+    @property
     def completed(self) -> bool:
         return self.record.get("status") == "completed" and self.folder.name != IN_PROGRESS
 

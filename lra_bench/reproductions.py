@@ -161,13 +161,7 @@ def _ours(done: list[float]) -> str:
 
 def _counted(runs: list[Run], protocol: str, task: str, attn: str) -> list[Run]:
     """The runs a row counts: the protocol's own config (never a trial), never a variant's."""
-    return [
-        r
-        for r in runs
-        if (r.protocol, r.task, r.attn) == (protocol, task, attn)
-        and r.record.get("off_protocol") is False
-        and r.variant is None
-    ]
+    return [r for r in runs if (r.protocol, r.task, r.attn) == (protocol, task, attn) and r.counted]
 
 
 def summary_table(runs: list[Run], targets: Iterable[tuple[str, str]] = ()) -> list[str]:
@@ -399,7 +393,7 @@ def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:
 def approximation_rows(runs: list[Run]) -> tuple[list[tuple[Run, dict[str, Any]]], list[Run]]:
     """The completed on-protocol runs of the current network with an `approx.json` (run, its content), and those
     without one."""
-    done = [r for r in runs if r.variant is None and r.completed and r.record.get("off_protocol") is False]
+    done = [r for r in runs if r.counted and r.completed]
     have, missing = [], []
     for r in done:
         data = read_approx(r.folder)
