@@ -21,7 +21,10 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -84,11 +87,16 @@ LRA_CLONES void grad_row(const double* p, const double* dpdrop, double* ds, int6
   grad_row_impl(p, dpdrop, ds, n, key, threshold, scale, d);
 }
 
+// The scores of one block of query rows: q_blk k^T plus the key bias
+void block_scores(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_row, at::Tensor& scores) {
+  at::mm_out(scores, q_blk, k_t);
+  scores.add_(bias_row);
+}
+
 // P (or its dropped form) of one block: scores, key bias, softmax
 void block_probs(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_row, at::Tensor& scores,
                  at::Tensor& probs) {
-  at::mm_out(scores, q_blk, k_t);
-  scores.add_(bias_row);
+  block_scores(q_blk, k_t, bias_row, scores);
   at::_softmax_out(probs, scores, 1, false);
 }
 
@@ -101,16 +109,18 @@ void apply_dropout(at::Tensor& probs, at::Tensor& out, uint64_t seed, int64_t bh
              threshold, static_cast<T>(scale));
 }
 
-void check(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name, " must be float32 or float64");
+// every argument a CPU tensor, contiguous, fp32 or fp64 (named in the error)
+void check(std::initializer_list<std::pair<const at::Tensor*, const char*>> args) {
+  for (const auto& [t, name] : args) {
+    TORCH_CHECK(t->device().is_cpu(), name, " must be a CPU tensor");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, name, " must be float32 or float64");
+  }
 }
 
 uint32_t drop_threshold(double p) {
   TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout must be in [0, 1), got ", p);
-  return static_cast<uint32_t>(std::llround(p * 4294967296.0) > 4294967295LL ? 4294967295LL
-                                                                                : std::llround(p * 4294967296.0));
+  return static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
 }
 
 double keep_scale(uint32_t threshold) { return 4294967296.0 / (4294967296.0 - static_cast<double>(threshold)); }
@@ -120,10 +130,7 @@ double keep_scale(uint32_t threshold) { return 4294967296.0 / (4294967296.0 - st
 // q [BH, N, D] already multiplied by the softmax scale; k, v [BH, M, D]; bias [BH, M] (0 or -inf per key).
 at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double p,
                    int64_t seed) {
-  check(q, "q");
-  check(k, "k");
-  check(v, "v");
-  check(bias, "bias");
+  check({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&bias, "bias"}});
   const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
   const uint32_t threshold = drop_threshold(p);
   const double scale = keep_scale(threshold);
@@ -153,12 +160,7 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& bias, const at::Tensor& delta, double p,
                                  int64_t seed) {
-  check(grad_out, "grad_out");
-  check(q, "q");
-  check(k, "k");
-  check(v, "v");
-  check(bias, "bias");
-  check(delta, "delta");
+  check({{&grad_out, "grad_out"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&bias, "bias"}, {&delta, "delta"}});
   const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
   const uint32_t threshold = drop_threshold(p);
   const double scale = keep_scale(threshold);
@@ -200,9 +202,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
 // (residual-pivoted attention's exact column normaliser): q [BH, N, D], k [BH, M, D] (both as scaled as the caller
 // wants the scores), bias [BH, M]. Returns [BH, N].
 at::Tensor lse_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias) {
-  check(q, "q");
-  check(k, "k");
-  check(bias, "bias");
+  check({{&q, "q"}, {&k, "k"}, {&bias, "bias"}});
   const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
   auto out = at::empty({bh, n}, q.options());
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
@@ -213,8 +213,7 @@ at::Tensor lse_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
         const int64_t r = std::min(kQueryBlock, n - row0);
         auto s = scores.narrow(0, 0, r);
-        at::mm_out(s, q[h].narrow(0, row0, r), k_t);
-        s.add_(bias_row);
+        block_scores(q[h].narrow(0, row0, r), k_t, bias_row, s);
         auto o = out[h].narrow(0, row0, r);
         at::logsumexp_out(o, s, {1}, false);
       }
@@ -227,11 +226,7 @@ at::Tensor lse_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 // finite (a row without a key: lse 0 and grad 0, set by the caller).
 std::vector<at::Tensor> lse_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& bias, const at::Tensor& lse) {
-  check(grad, "grad");
-  check(q, "q");
-  check(k, "k");
-  check(bias, "bias");
-  check(lse, "lse");
+  check({{&grad, "grad"}, {&q, "q"}, {&k, "k"}, {&bias, "bias"}, {&lse, "lse"}});
   const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
   auto dq = at::empty_like(q), dk = at::zeros_like(k);
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
@@ -244,8 +239,8 @@ std::vector<at::Tensor> lse_backward(const at::Tensor& grad, const at::Tensor& q
         const int64_t r = std::min(kQueryBlock, n - row0);
         auto s = scores.narrow(0, 0, r);
         const auto q_blk = q[h].narrow(0, row0, r);
-        at::mm_out(s, q_blk, k_t);
-        s.add_(bias_row).sub_(lse[h].narrow(0, row0, r).unsqueeze(1)).exp_().mul_(grad[h].narrow(0, row0, r).unsqueeze(1));
+        block_scores(q_blk, k_t, bias_row, s);
+        s.sub_(lse[h].narrow(0, row0, r).unsqueeze(1)).exp_().mul_(grad[h].narrow(0, row0, r).unsqueeze(1));
         auto dq_blk = dq[h].narrow(0, row0, r);
         at::mm_out(dq_blk, s, k[h]);
         dk_h.addmm_(s.t(), q_blk);
