@@ -177,6 +177,8 @@ class Scratch:
             extra = SHRINK_APP.get(module, [])
             if module == "lra_bench.reproductions":  # the scratch evidence, into the scratch dir
                 extra = ["--root", str(self.evidence), "--out", str(self.root / "docs" / "reproductions.md")]
+            if module == "lra_bench.reproduce_sweep":  # make reproduce's folders and shrink, for every job
+                return self.reproduce_sweep(args)
             if module in ("lra_bench.bench", "lra_bench.approx"):
                 extra = [*extra, f"hydra.run.dir={self.root / module.split('.')[-1]}"]
             return [sys.executable, "-m", module, *args, *extra], "shrunk" if extra else ""
@@ -195,13 +197,28 @@ class Scratch:
         if "-m" in args or any(a.startswith("hparams_search=") for a in args):
             sweep = self.root / "multirun" / str(len(self.sweeps))
             extra.append(f"hydra.sweep.dir={sweep}")
-        if "hydra/launcher=slurm" in args:
-            if self.slurm is None:
-                args = [a for a in args if a != "hydra/launcher=slurm"]
-                note = "SLURM unavailable here: Hydra's basic launcher instead"
-            else:
-                extra += ["hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=null"]
+        launcher, note = self.launcher(args)
+        extra += launcher
         return [sys.executable, str(REPO / "run.py"), *args, *extra], note or "shrunk"
+
+    def launcher(self, args: list[str]) -> tuple[list[str], str]:
+        """`hydra/launcher=slurm` on the test cluster (one CPU a job), or Hydra's basic launcher where there is none."""
+        if "hydra/launcher=slurm" not in args:
+            return [], ""
+        if self.slurm is None:
+            args.remove("hydra/launcher=slurm")
+            return [], "SLURM unavailable here: Hydra's basic launcher instead"
+        return ["hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=null"], ""
+
+    def reproduce_sweep(self, args: list[str]) -> tuple[list[str], str]:
+        """The table's one command with `make reproduce`'s scratch folders and shrink (its Hydra arguments after --)."""
+        split = args.index("--") if "--" in args else len(args)
+        ours, hydra = args[:split], args[split + 1 :]
+        launcher, note = self.launcher(hydra)
+        where = ["--data-dir", str(self.root / "data"), "--evidence-root", str(self.evidence)]
+        where += ["--work-root", str(self.root / "work"), "--page", str(self.root / "docs" / "reproductions.md")]
+        hydra += [*SHRINK_RUN, *SHORT, *launcher, "hydra.callbacks.leaderboard.plots=false"]
+        return [sys.executable, "-m", "lra_bench.reproduce_sweep", *ours, *where, "--", *hydra], note or "shrunk"
 
     def after(self, argv: list[str]) -> None:
         """Remember the sweep / search dir a command made."""
