@@ -54,11 +54,18 @@ class Run:
         value = self.record["metrics"].get("test_acc")
         return float(value) if value is not None else None
 
+    @property
+    def prior(self) -> float | None:
+        """The validation set's majority-class share (None where the record does not give it)."""
+        value = (self.record.get("data") or {}).get("majority_share")
+        return float(value) if value is not None else None
+
     def left_prior_at(self) -> int | None:
-        prior = (self.record.get("data") or {}).get("majority_share")
-        if prior is None:
+        """The first evaluated step whose val accuracy exceeds the prior + `PRIOR_MARGIN`; None: not (yet), or the
+        prior is unknown."""
+        if self.prior is None:
             return None
-        return next((step for step, acc in self.curve if acc > prior + PRIOR_MARGIN), None)
+        return next((step for step, acc in self.curve if acc > self.prior + PRIOR_MARGIN), None)
 
     def wall(self) -> tuple[float, bool]:
         """Seconds the attempts that made the weights ran — each segment from its start to its last checkpoint

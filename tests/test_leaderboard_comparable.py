@@ -216,6 +216,21 @@ def test_reproduction_verdict_is_the_t_interval_over_seeds() -> None:
     assert reproduction_verdict([37.0], 37.0) == "1 seed: cannot tell" and reproduction_interval([37.0]) is None
 
 
+def test_an_interval_wider_than_the_margin_reproduces_nothing() -> None:
+    """Two seeds of which one learned ListOps (36.20) and one stayed at the class prior (17.10): their interval
+    (about −84 to 137) holds every published number, so it confirms none."""
+    from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
+
+    low, high = reproduction_interval([36.20, 17.10]) or (0.0, 0.0)
+    assert low < 18.80 < 37.15 < high
+    for published in (37.15, 18.80):
+        assert reproduction_verdict([36.20, 17.10], published).startswith("cannot tell: our 95% CI holds published")
+    # within the margin on both sides: reproduced; an interval just reaching past it: cannot tell
+    assert reproduction_verdict([37.0, 37.2, 37.4], 37.2).startswith("reproduced")
+    edge = [37.2 - MARGIN_PP / 2, 37.2 + MARGIN_PP / 2, 37.2]  # sd 1 pp over 3 seeds: half-width 2.48 pp
+    assert reproduction_verdict(edge, 37.2).startswith("cannot tell")
+
+
 def test_published_numbers_say_whether_our_on_protocol_runs_reproduce_them(mixed: dict[str, Any]) -> None:
     verdicts = {(r["protocol"], r["published_source"], r["method"], r["target"]): r for r in mixed["reproduced"]}
     # skyformer nystrom, listops 37.90 ± … (seeds 37.9, 38.0) against Skyformer Table 1's 37.95: inside

@@ -174,13 +174,13 @@ def test_a_variant_run_is_never_counted_beside_a_published_row(tmp_path: Path) -
     assert [(r.seed, r.variant) for r in runs] == [(0, None), (1, "old"), (2, "old")]
     page = reproductions.render(root, figure=None)
     main, variant = page.split("## Variant: old (not counted)")
-    assert "| nystrom | 37.15 | 37.00 | 1 / 0 | 1 seed: cannot tell |" in main
+    assert "| nystrom | 37.15 | 37.00 | 1 / 0 | — | 1 seed: cannot tell |" in main
     assert "seed-1" not in main and "seed-2" not in main
     assert "| nystrom | 31.00 [18.29, 43.71] | 2 / 0 |" in variant
     assert "37.15" not in variant and "reproduced" not in variant and "cannot tell" not in variant
     assert "| nystromformer/listops/nystrom/seed-1 | completed |" in variant
     rows = reproductions.summary_table(runs, [("nystromformer", "listops")])
-    assert "| nystrom | 37.15 | 37.00 | 1 / 0 | 1 seed: cannot tell |" in rows
+    assert "| nystrom | 37.15 | 37.00 | 1 / 0 | — | 1 seed: cannot tell |" in rows
 
 
 def test_the_page_with_no_run_of_the_current_network(tmp_path: Path) -> None:
@@ -188,13 +188,13 @@ def test_the_page_with_no_run_of_the_current_network(tmp_path: Path) -> None:
     ours, no runs table, no figure, no comparison — and the figure of a section without curves is not written."""
     root = tmp_path / "evidence"
     for page in (reproductions.render(root), reproductions.render(root, figure=None)):
-        assert "No completed seed yet" in page and "| nystrom | 37.15 | — | 0 / 0 | not run yet |" in page
+        assert "No completed seed yet" in page and "| nystrom | 37.15 | — | 0 / 0 | — | not run yet |" in page
         assert "No runs yet." in page and ".png" not in page and "## Variant" not in page
         assert "needs completed runs of both (now 0 and 0)" in page and "## Data" in page
     variant_root = root / reproductions.VARIANTS / "old"
     _write(reproduce.evidence_dir("nystromformer", "listops", "gpa", 0, variant_root), _record("gpa", 0, 0.36))
     page = reproductions.render(root)
-    assert "No completed seed yet" in page and "| gpa | — | — | 0 / 0 | — |" in page
+    assert "No completed seed yet" in page and "| gpa | — | — | 0 / 0 | — | — |" in page
     assert "## Variant: old (not counted)" in page and "| gpa | 36.00 | 1 / 0 |" in page
     out = tmp_path / "docs" / "reproductions.md"
     (tmp_path / "docs").mkdir()
@@ -265,7 +265,7 @@ def test_make_reproduce_snapshots_resumes_from_the_snapshot_and_keeps_the_eviden
     runs = reproductions.collect(tmp_path / "evidence")
     assert len(runs) == 1 and runs[0].completed and (runs[0].wall_s() or 0.0) > 24 * 0.3
     page = reproductions.render(tmp_path / "evidence")
-    assert "| nystrom | 37.15 | — | 0 / 0 | not run yet |" in page  # an off-protocol trial never stands beside it
+    assert "| nystrom | 37.15 | — | 0 / 0 | — | not run yet |" in page  # an off-protocol trial never stands beside it
     assert "| nystromformer/listops/nystrom/seed-0 | completed | 24/24 |" in page and "| **no** |" in page
 
 
@@ -323,3 +323,26 @@ def test_the_curve_figures_legend_sits_beside_the_axes_and_covers_no_curve(
         box = legend.get_window_extent(renderer)
         assert not box.overlaps(ax.get_window_extent(renderer)), f"{n} runs: the legend lies over the curves"
         assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+
+
+def test_the_table_says_how_many_seeds_learned_the_task() -> None:
+    """Two completed nystrom seeds, one that left the class prior (val 0.37 at step 2750) and one that stayed there:
+    the row says `1 of 2`, its verdict is *cannot tell* (the interval holds 37.15 but spans tens of points), and a
+    note under the table says one seed never learned. A run whose record gives no prior is not judged."""
+    prior = {"majority_share": 0.18}
+    learned = [(s, 0.18 if s < 2750 else 0.37) for s in range(50, 5001, 50)]
+    stuck = [(s, 0.18) for s in range(50, 5001, 50)]
+    runs = []
+    for seed, acc, curve in ((0, 0.362, learned), (1, 0.171, stuck)):
+        record = _record("nystrom", seed, acc)
+        record["data"] |= prior
+        runs.append(reproductions.Run("nystromformer", "listops", "nystrom", seed, record, Path(f"s{seed}"), curve))
+    unjudged = reproductions.Run("nystromformer", "listops", "gpa", 0, _record("gpa", 0, 0.36), Path("g"), stuck)
+    lines = "\n".join(reproductions.summary_table([*runs, unjudged]))
+    (row,) = [line for line in lines.splitlines() if line.startswith("| nystrom |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3:] == ["2 / 0", "1 of 2", "cannot tell: our 95% CI holds published but reaches beyond ± 2 pp of it"]
+    assert "| gpa | — | 36.00 | 1 / 0 | — | — |" in lines
+    assert "Of the 2 completed seeds above, 1 never left the class prior" in lines
+    runs[1].curve[:] = learned  # both learned: no note
+    assert "never left the class prior" not in "\n".join(reproductions.summary_table(runs))

@@ -15,6 +15,7 @@ from lra_bench.diagnostics import LOCALITY_WINDOWS
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
+from lra_bench.leaderboard.reproduced import MARGIN_PP
 from lra_bench.reports.figures import save_figure
 from lra_bench.reports.markdown import table
 
@@ -478,8 +479,10 @@ def reproduction_block(protocol: str, entries: Sequence[dict[str, Any]]) -> list
     return [
         f"#### protocol: {protocol} — do our runs reproduce the published numbers?",
         "",
-        "*reproduced*: the published value lies inside our 95% Student-t interval over seeds (≥ 2 seeds); *not "
-        "reproduced*: outside it; *1 seed: cannot tell*: one seed has no interval. Only our on-protocol runs of "
+        f"*reproduced*: our 95% Student-t interval over seeds (≥ 2 seeds) lies within the published value ± "
+        f"{MARGIN_PP:g} pp (a published single run's own test-set noise); *not reproduced*: the published value lies "
+        "outside our interval; *cannot tell*: inside it, but the interval reaches beyond the margin; *1 seed: "
+        "cannot tell*: one seed has no interval. Only our on-protocol runs of "
         f"this protocol are compared. {AVG5_LABEL} = mean of the five tasks without Path-X (LRA convention); "
         f"{AVG6_LABEL} = mean of all six with Path-X FAIL or not run = 50 (S4/Mega convention), shown only when a "
         "real Path-X number enters it; published averages are recomputed from the published columns.",
