@@ -37,11 +37,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## create .venv and install the project (idempotent); TORCH=cpu: the CPU-only torch wheel
 
 test: $(STAMP)  ## run the whole test suite (fast tier, then the slow tier)
-	$(PY) -m pytest -q -m "not slow and not gpu"
-	$(PY) -m pytest -q -m "slow and not gpu"
+	$(PY) -m pytest -q --durations=30 -m "not slow and not gpu"
+	$(PY) -m pytest -q --durations=30 -m "slow and not gpu"
 
 test-fast: $(STAMP)  ## the fast tier only
-	$(PY) -m pytest -q -m "not slow and not gpu"
+	$(PY) -m pytest -q --durations=30 -m "not slow and not gpu"
 
 DEMO_ARGS ?=
 demo: $(STAMP)  ## GPA on generated ListOps of 32–128 tokens (experiment=cpu_small; CSV + offline W&B); DEMO_ARGS='key=value …' adds overrides
