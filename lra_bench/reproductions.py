@@ -177,10 +177,10 @@ def summary_table(runs: list[Run], targets: Iterable[tuple[str, str]] = ()) -> l
         body, completed, judged, learned = [], 0, 0, 0
         for attn in sorted({r.attn for r in group} | set(published)):
             mine = _counted(group, protocol, task, attn)
-            finished = [r for r in mine if r.completed and r.test_acc is not None]
-            done = [r.test_acc * 100 for r in finished]
+            finished = [(r, acc) for r in mine if r.completed and (acc := r.test_acc) is not None]
+            done = [acc * 100 for _, acc in finished]
             completed += len(done)
-            known = [r for r in finished if r.prior is not None]  # seeds whose record gives the class prior
+            known = [r for r, _ in finished if r.prior is not None]  # seeds whose record gives the class prior
             left = sum(r.left_prior_at() is not None for r in known)
             judged, learned = judged + len(known), learned + left
             pub = published.get(attn)

@@ -263,3 +263,30 @@ def test_outputs_that_are_not_a_prefix_are_not_written() -> None:
     rows = np.array([[0, 2, 3], [1, 1, 1], [1, 1, 1]])
     result, problem = _in_split_order(rows, np.zeros(3), 10)
     assert result is None and "not the split's first 3" in str(problem)
+
+
+def test_one_identity_for_the_leaderboard_and_compare() -> None:
+    """Records from before identities (here hand-written, without a config): the leaderboard puts two methods in
+    two rows, and compare finds they differ only in the method — both through the one `identity_of` (two copies
+    used to disagree: the leaderboard's stand-in had `record.*` keys, compare's had none, so compare saw two
+    config-less methods as one experiment)."""
+    import ast
+
+    from lra_bench.compare.sides import METHOD_PREFIXES
+    from lra_bench.leaderboard.experiments import group_fingerprint
+    from lra_bench.record.identity import MEASUREMENT, differing_keys, identity_of
+
+    base = {"task": "listops", "protocol": "nystromformer", "seed": 0, "rank_budget": None}
+    a, b = {**base, "attn": "nystrom", "selector": "segment_means"}, {**base, "attn": "gpa", "selector": "gpa"}
+    assert group_fingerprint(a) != group_fingerprint(b)
+    assert differing_keys([identity_of(a), identity_of(b)]) == ["attn.name", "selector.name"]
+    assert differing_keys([identity_of(a), identity_of(b)], ignore=(*METHOD_PREFIXES, *MEASUREMENT)) == []
+    assert identity_of({**a, "identity": {"attn.name": "x"}}) == {"attn.name": "x"}  # a written identity wins
+    package = Path(__file__).resolve().parents[1] / "lra_bench"
+    defined = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name == "identity_of"
+    ]
+    assert defined == ["record/identity.py"], defined

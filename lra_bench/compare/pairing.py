@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from lra_bench.compare.sides import CompareError, Side, identity_of
+from lra_bench.compare.sides import CompareError, Side
 from lra_bench.leaderboard.aggregate import task_order
 from lra_bench.record import predictions
-from lra_bench.record.identity import MEASUREMENT, differing_keys, under
+from lra_bench.record.identity import MEASUREMENT, differing_keys, identity_of, under
 from lra_bench.stats.paired import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,

@@ -26,7 +26,7 @@ from typing import Any
 
 from lra_bench.leaderboard.aggregate import canonical_task, find_results, load_records, method_label
 from lra_bench.leaderboard.experiments import conformance
-from lra_bench.record.identity import MEASUREMENT, config_identity, differing_keys
+from lra_bench.record.identity import MEASUREMENT, differing_keys, identity_of
 
 #: record fields a selector may name without a dot (`attn=gpa`); anything else is a dotted identity key
 SHORT_KEYS = ("task", "attn", "selector", "protocol", "seed", "rank_budget")
@@ -39,12 +39,6 @@ SPACE_PREFIX = "tuning.space."
 
 class CompareError(ValueError):
     """Bad input or an unfair comparison; the message is one line naming the keys and values."""
-
-
-def identity_of(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The record's experiment identity; records written before it existed get it from their resolved config."""
-    ident = record.get("identity")
-    return dict(ident) if isinstance(ident, Mapping) and ident else config_identity(record.get("config") or {})
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
 from lra_bench.record import results
+from lra_bench.record.identity import identity_of
 
 #: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
 GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "window", "pretraining")
@@ -100,7 +101,7 @@ def pretraining_of(record: dict[str, Any]) -> str:
 def window_of(record: dict[str, Any]) -> int | None:
     """A local-window run's `attn.window` (None for every other attention): like the rank budget, it says which
     method a row is — `local (w=16)` and `local (w=64)` are two methods, not two variants of one."""
-    window = experiments.identity_of(record).get("attn.window")
+    window = identity_of(record).get("attn.window")
     return int(window) if isinstance(window, int) and not isinstance(window, bool) else None
 
 
@@ -258,7 +259,8 @@ def _devices(runs: Sequence[dict[str, Any]]) -> str:
 
 def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Completed training runs, one row per experiment (fingerprint except seed) — see `experiments`. Means and
-    sample standard deviations (ddof=1) over seeds, medians of the step time and throughput."""
+    sample standard deviations (ddof=1) over seeds; medians of the step time, throughput and peak memory (the
+    statistic compare and the reproductions page use for them too)."""
     groups = {tuple(runs["key"].iloc[0]): runs for _, runs in _runs_frame(records).groupby("key", sort=False)}
     rows, superseded = [], []
     for key in sorted(groups, key=_sort_key):
@@ -275,7 +277,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "fingerprint": key[len(GROUP_KEYS) + 1],
                 "off_protocol": {"on": False, "off": True}.get(key[len(GROUP_KEYS)]),
                 "deviations": ",".join(sorted({k for r in kept for k in experiments.deviation_keys(r)})),
-                "_identity": experiments.identity_of(kept[0]),
+                "_identity": identity_of(kept[0]),
                 "n": len(test),
                 "test_accs": [float(v) for v in test],  # per seed, in seed order: what a reproduction verdict needs
                 "n_runs": len(kept),
@@ -286,7 +288,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "val_acc_std": _value(val.std(ddof=1)),
                 "step_time_median_ms": step * 1000.0 if step is not None else None,
                 "tokens_per_s": _value(runs["tokens_per_s"].median()),
-                "peak_memory_mib": _value(runs["peak_memory_mib"].max()),
+                "peak_memory_mib": _value(runs["peak_memory_mib"].median()),
                 "params": None if pd.isna(most := runs["params"].max()) else int(most),
                 "device": _devices(kept),
                 "seq_len": seq_lens.pop() if len(seq_lens) == 1 else None,

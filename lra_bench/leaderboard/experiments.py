@@ -24,24 +24,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from lra_bench.record.identity import config_identity, describe, differing_keys, fingerprint, seed_free
+from lra_bench.record.identity import describe, differing_keys, fingerprint, identity_of, seed_free
 
 CONFORMANCE = ("on", "off", "unchecked")
 #: the mark on every row, label and point of ours that is not known to follow its protocol (tables, plots)
 MARKS = {"off": " ⚠ off-protocol", "unchecked": " ⚠ protocol unchecked", "on": "", "published": ""}
 #: how many differing keys a variant label names before it defers to its legend tag
 LABEL_KEYS = 6
-
-
-def identity_of(record: dict[str, Any]) -> dict[str, Any]:
-    identity = record.get("identity")
-    if isinstance(identity, dict) and identity:
-        return identity
-    config = record.get("config")
-    stand_in = config_identity(config) if isinstance(config, dict) else {}
-    for key in ("task", "attn", "selector", "protocol", "rank_budget", "seed"):
-        stand_in[f"record.{key}" if key != "seed" else "seed"] = record.get(key)
-    return stand_in
 
 
 def group_fingerprint(record: dict[str, Any]) -> str:

@@ -104,6 +104,32 @@ def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: flat[k] for k in sorted(flat) if not is_logistics(k)}
 
 
+#: where a record from before identities puts what it says of itself in its stand-in identity: the keys a resolved
+#: config's identity uses for them (a key the config gives wins), so the stand-in groups and compares as an identity
+STAND_IN_KEYS = {
+    "task": "task.name",
+    "attn": "attn.name",
+    "selector": "selector.name",
+    "protocol": "protocol",
+    "rank_budget": "attn.rank_budget",
+    "seed": "seed",
+}
+
+
+def identity_of(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's experiment identity — the one every reader (leaderboard, compare) groups and compares runs by. A
+    record from before identities (schema 1, or hand-written) gets a stand-in: its resolved config's identity plus
+    what the record says of itself (`STAND_IN_KEYS`)."""
+    identity = record.get("identity")
+    if isinstance(identity, Mapping) and identity:
+        return dict(identity)
+    config = record.get("config")
+    stand_in = config_identity(config) if isinstance(config, Mapping) else {}
+    for key, dotted in STAND_IN_KEYS.items():
+        stand_in.setdefault(dotted, record.get(key))
+    return stand_in
+
+
 def fingerprint(identity: Mapping[str, Any]) -> str:
     """A 16-hex-digit hash of the canonical JSON of `identity` (key order irrelevant)."""
     blob = json.dumps(dict(identity), sort_keys=True, default=str, separators=(",", ":"))
