@@ -231,3 +231,25 @@ def test_reference_initialisation_std():
     torch.manual_seed(0)
     default = projections(listops_network({"share": "none", "per_head": False, "init_std": None}))[0].detach()
     assert abs(float(default.std()) - 1 / 16) < 0.001  # randn/√k, k = 256
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_the_batched_projection_is_the_reference_product(per_head: bool) -> None:
+    """`LinformerAttention.project` (one GEMM over the batch) computes `E (K·mask)` as the reference's broadcast
+    matmul does — values and every gradient, against the plain formula in fp64 — for a sequence shorter than the
+    one E was built for, with padded keys."""
+    gen = torch.Generator().manual_seed(0)
+    b, h, n, d, k, built = 3, 2, 40, 8, 6, 48
+    shape = (h, k, built) if per_head else (k, built)
+    e = (0.2 * torch.randn(shape, generator=gen, dtype=torch.float64)).requires_grad_()
+    x = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    x = (x * (torch.arange(n) < torch.tensor([n, 25, 3])[:, None])[:, None, :, None]).requires_grad_()
+    grad = torch.randn(b, h, k, d, generator=gen, dtype=torch.float64)
+    ours = LinformerAttention.project(e[..., :n], x)
+    plain = e[..., :n] @ x  # broadcast over the batch (and the heads when E has none)
+    torch.testing.assert_close(ours, plain, rtol=1e-12, atol=1e-12)
+    (g_e, g_x) = torch.autograd.grad(ours, (e, x), grad)
+    (p_e, p_x) = torch.autograd.grad(plain, (e, x), grad)
+    torch.testing.assert_close(g_e, p_e, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g_x, p_x, rtol=1e-12, atol=1e-12)
+    assert ours.shape == (b, h, k, d)
