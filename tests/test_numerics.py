@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv, masked_softmax, stable_pinv
+from models.attention.numerics import (
+    exact_pinv,
+    fp32_core,
+    iterative_pinv,
+    masked_attention,
+    masked_softmax,
+    stable_pinv,
+)
 
 
 def test_masked_softmax_gives_masked_keys_exactly_zero_and_matches_softmax_on_the_rest() -> None:
@@ -82,3 +89,24 @@ def test_masked_softmax_is_the_masked_product_bit_for_bit(all_rows_valid: bool) 
     assert torch.equal(got, reference) and torch.equal(grad, ref_grad)
     if not all_rows_valid:
         assert torch.equal(got[1], torch.zeros_like(got[1]))
+
+
+@pytest.mark.parametrize("all_rows_valid", [True, False])
+def test_masked_attention_is_the_masked_softmax_product_bit_for_bit(all_rows_valid: bool) -> None:
+    """Zeroing a keyless query's output row instead of its weights changes no value and no gradient (scores and
+    values), with a per-row mask as `local` builds it (some rows of a block with no key in their window)."""
+    gen = torch.Generator().manual_seed(1)
+    scores = (torch.randn(3, 2, 5, 7, generator=gen) * 4).requires_grad_(True)
+    values = torch.randn(3, 2, 7, 4, generator=gen).requires_grad_(True)
+    valid = torch.rand(3, 1, 5, 7, generator=gen) < 0.5
+    valid[..., 0] = True
+    if not all_rows_valid:
+        valid[1, :, 2:] = False  # rows with no valid key: their outputs must be zeros
+    upstream = torch.randn(3, 2, 5, 4, generator=gen)
+    got = masked_attention(scores, valid, values)
+    grads = torch.autograd.grad(got, (scores, values), upstream)
+    reference = masked_softmax(scores, valid) @ values
+    ref_grads = torch.autograd.grad(reference, (scores, values), upstream)
+    assert torch.equal(got, reference) and all(torch.equal(g, r) for g, r in zip(grads, ref_grads))
+    if not all_rows_valid:
+        assert torch.equal(got[1, :, 2:], torch.zeros_like(got[1, :, 2:])) and got[1, :, :2].abs().sum() > 0

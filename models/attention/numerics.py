@@ -51,6 +51,24 @@ def masked_softmax(scores: torch.Tensor, key_valid: torch.Tensor | None, dim: in
     return weights * key_valid.to(weights.dtype)
 
 
+def masked_attention(scores: torch.Tensor, key_valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`masked_softmax(scores, key_valid) @ values`, bit for bit in values and gradients (finite inputs), with a
+    query that has no valid key zeroed in the product `[…, rows, E]` instead of in the weights `[…, rows, keys]`.
+
+    Why: the weights of such a row are uniform over invalid keys, and `masked_softmax` zeroes them with one more
+    pass over the whole weights tensor; padded sequences have many such rows (every query block past a short
+    sequence's end under `local`). Zeroing the row's output instead touches E columns instead of `keys`: the
+    output and every gradient are the same (a zeroed output row sends no gradient to its weights, as zero weights
+    did; in a row with a valid key the invalid keys' weights are exactly 0 either way)."""
+    lowest = torch.finfo(scores.dtype).min
+    bias = torch.zeros(key_valid.shape, dtype=scores.dtype, device=scores.device).masked_fill_(~key_valid, lowest)
+    out = torch.softmax(scores + bias, dim=-1) @ values
+    has_key = key_valid.any(dim=-1, keepdim=True)
+    if scores.device.type == "cpu" and bool(has_key.all()):
+        return out
+    return out * has_key.to(out.dtype)
+
+
 def landmark_weights(q: torch.Tensor, landmarks: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """softmax(q landmarksᵀ) over the m landmarks, `[B, H, N, m]`, invalid landmarks (`valid [B, H, m]`) at 0.
 
