@@ -21,7 +21,7 @@ import pytest
 from lra_bench.record.provenance import hardware
 from lra_bench.reproduce import EVIDENCE_ROOT
 from lra_bench.run.console import QUICK_LOOK, measured_here
-from tests.conftest import REPO, TINY_LISTOPS, run_cli
+from tests.conftest import REPO, STOPPED, TINY_LISTOPS, run_cli
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -116,3 +116,9 @@ def test_readme_shows_what_plain_run_py_and_a_preset_print(tmp_path: Path) -> No
     quick = tail[tail.index("Quick look") :]
     assert head in readme and quick in readme, faithful
     assert preset in readme, preset
+
+
+def test_readme_shows_the_last_line_of_a_stopped_run_as_runs_print_it() -> None:
+    """Robustness, "Signals": the example has the form the Ctrl-C tests read from real runs (`STOPPED`)."""
+    shown = [li.strip() for li in (REPO / "README.md").read_text().splitlines() if "[lra-bench] stopped by" in li]
+    assert shown and all(STOPPED.fullmatch(line) for line in shown), shown

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import shlex
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.reports.terminal import table_console
 from lra_bench.run.curves import FILENAME as CURVES
 from lra_bench.run.runlog import to_log_only
@@ -209,6 +212,27 @@ def wandb_sync_command(record: dict[str, Any]) -> str | None:
     if len(parts) == 1:
         return f"wandb sync {parts[0]}"
     return f"wandb sync --id {record['run']['wandb_id']} {' '.join(map(str, parts))}"
+
+
+def resume_command(cfg: DictConfig, output_dir: Path) -> str:
+    """The command that continues this run from its checkpoints in `output_dir`.
+
+    The command line as typed, when typing it again lands here and resumes: a single run (not a sweep's job) with
+    `ckpt_path=last` and a folder name the command fixes. Otherwise (a sweep's job; a `run_name` drawn from the clock,
+    as `experiment=demo`'s; another `ckpt_path`) this job's overrides with `hydra.run.dir=` this folder, where the
+    default `ckpt_path=last` resumes."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    program = sys.argv[0] if sys.argv[0].endswith(".py") else "run.py"
+    if not HydraConfig.initialized():
+        return shlex.join(["python", program, *sys.argv[1:]])
+    hydra = HydraConfig.get()
+    fixed_name = "${" not in str(plain_dict(cfg, resolve=False).get("run_name"))
+    if hydra.mode == RunMode.RUN and str(cfg.get("ckpt_path")) == "last" and fixed_name:
+        return shlex.join(["python", program, *sys.argv[1:]])
+    overrides = [str(o) for o in hydra.overrides.task if not str(o).startswith(("ckpt_path=", "run_name="))]
+    return shlex.join(["python", program, *overrides, f"hydra.run.dir={output_dir}"])
 
 
 def next_commands(record: dict[str, Any]) -> list[str]:

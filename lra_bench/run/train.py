@@ -31,7 +31,7 @@ from lra_bench.record.schema import RunRecord
 from lra_bench.run import checkpointing, pretrain
 from lra_bench.run.build import build_datamodule
 from lra_bench.run.checkpoint_io import RunCheckpointIO
-from lra_bench.run.console import chosen_preset, opening_line, print_config, print_summary
+from lra_bench.run.console import chosen_preset, opening_line, print_config, print_summary, resume_command
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.latest import point_latest
 from lra_bench.run.loggers import build_loggers, finish_wandb
@@ -40,7 +40,7 @@ from lra_bench.run.pretrained import PretrainedSource
 from lra_bench.run.progress import progress_callbacks
 from lra_bench.run.recorder import Recorder
 from lra_bench.run.schedule import check_schedule, check_steps_ran, warmup_warning
-from lra_bench.run.signals import StopSignals
+from lra_bench.run.signals import StopSignals, tell
 from lra_bench.run.start import Start, identify, protocol_check, start_run
 from lra_bench.run.test_outputs import TestOutputs, run_test
 from lra_bench.run.user_callbacks import instantiate_callbacks
@@ -107,11 +107,16 @@ def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = N
             raise
         raise replacement from err
     finally:
-        stop.restore()
+        stop.close()  # the record and the exit come next: a signal from now on is told, not raised into them
         recorder.finish()
         finish_wandb()
         if is_zero and recorder.owned and stop.received is None:  # a stopped run draws them when it completes
             draw_curves(output_dir, recorder.as_dict())
+        stopped = recorder.record.status == "interrupted"
+        if is_zero and stopped:  # however and whenever it stopped: the step saved, the command that resumes
+            step = trainer.global_step if trainer is not None else None
+            tell(stop.stopped_line(step, resume_command(cfg, output_dir)))
+        stop.restore(stopped)
         if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
             requeue.hand_over()
     if is_zero:
