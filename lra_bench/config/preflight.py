@@ -16,8 +16,8 @@ keys (`check_added_keys`); a new top-level key (`+notes.owner=…`) and Hydra's 
 
 A near miss comes first: Hydra answers `attn=nystorm` with the list of options and `trainer.max_step=5` with "to append
 to your config use +trainer.max_step=5" (advice that only leads to the refusal above). `composition_error` turns such
-an error into one line that names the near miss, `attn=nystorm: attn has no option nystorm; did you mean nystrom?`,
-before Hydra's own words, which stay for what has no near miss.
+an error into one line that names the near miss first (`attn=nystorm: attn has no option nystorm; did you mean
+attn=nystrom?`); Hydra's own words stay for what has no near miss.
 """
 
 from __future__ import annotations

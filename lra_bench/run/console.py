@@ -69,6 +69,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
+def _env(record: dict[str, Any], section: str) -> dict[str, Any]:
+    """A record's `env.<section>` (`hardware`, `runtime`); empty where an older record lacks it."""
+    return dict((record.get("env") or {}).get(section) or {})
+
+
 def measured_here(record: dict[str, Any]) -> str | None:
     """How long this run takes on this machine, as measured: the median wall time of the committed reproductions
     of the same experiment (seed aside) that completed on this CPU (`lra_bench.reproduction_runs`); None when
@@ -85,13 +90,13 @@ def measured_here(record: dict[str, Any]) -> str | None:
         for r in runs
         if r.counted
         and r.machine == machine_of(here)
-        and (r.record["env"].get("hardware") or {}).get("gpus") == here["gpus"]
+        and _env(r.record, "hardware").get("gpus") == here["gpus"]
         and seed_free(config_identity(r.record["config"])) == experiment
     ]
     walls = sorted(w for r in same if (w := r.wall_s()) is not None)
     if not walls:
         return None
-    threads = sorted({str((r.record["env"].get("runtime") or {}).get("threads", "?")) for r in same})
+    threads = sorted({str(_env(r.record, "runtime").get("threads", "?")) for r in same})
     folder = same[0].folder.parent.relative_to(REPO) if same[0].folder.is_relative_to(REPO) else same[0].folder.parent
     runs_here = f"{len(walls)} completed run{'s' if len(walls) > 1 else ''} of it here"
     return (
@@ -105,10 +110,11 @@ def schedule_words(config: dict[str, Any]) -> str:
     machine, from the run's resolved config."""
     trainer = config["trainer"]
     steps, every, batches = trainer["max_steps"], trainer["val_check_interval"], trainer.get("limit_val_batches")
-    evaluation = f"{batches} val batches" if isinstance(batches, int) else "a validation"
+    evaluation = f"{batches} val batches" if isinstance(batches, int) else "a full validation"
+    when = f"every {every} steps" if isinstance(every, int) else f"every {every} of an epoch"
     return (
         f"{steps:,} steps of batch {config['data']['batch_size']} at length {config['task']['seq_len']:,}, "
-        f"{evaluation} every {every} steps"
+        f"{evaluation} {when}"
     )
 
 
