@@ -38,15 +38,9 @@ class CostRow:
     timed_runs: int  # how many runs the cost columns are over
 
 
-def machine(run: Run) -> str:
-    """The CPU a run was timed on: name, identity and vector unit (one name covers CPUs whose timings differ)."""
-    hardware = (run.record.get("env") or {}).get("hardware") or {}
-    return " ".join(str(hardware.get(k, "?")) for k in ("cpu", "cpu_id", "cpu_capability"))
-
-
 def reference_machine(runs: Sequence[Run]) -> str | None:
     """The machine most completed runs were timed on (ties: the first in name order)."""
-    counts = Counter(machine(r) for r in runs)
+    counts = Counter(r.machine for r in runs)
     return min(counts, key=lambda m: (-counts[m], m)) if counts else None
 
 
@@ -63,7 +57,7 @@ def cost_rows(runs: Sequence[Run]) -> tuple[list[CostRow], str | None]:
     rows = []
     for attn, mine in done.items():
         accs = [100 * float(r.test_acc or 0.0) for r in mine]
-        timed = [r for r in mine if machine(r) == where]
+        timed = [r for r in mine if r.machine == where]
         metrics = [r.record.get("metrics") or {} for r in timed]
         rows.append(
             CostRow(

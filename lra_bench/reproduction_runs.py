@@ -4,13 +4,22 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lra_bench.reproduce import IN_PROGRESS
+from lra_bench.reproduce import EVIDENCE_ROOT, IN_PROGRESS
 
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
+#: what a step time depends on and a CPU's name does not say (one name covers CPUs whose timings differ)
+MACHINE_KEYS = ("cpu", "cpu_id", "cpu_capability")
+
+
+def machine_of(hardware: Mapping[str, Any]) -> str:
+    """The CPU timings belong to (a record's `env.hardware`): name, identity and vector unit."""
+    return " ".join(str(hardware.get(k, "?")) for k in MACHINE_KEYS)
 
 
 @dataclass
@@ -37,6 +46,11 @@ class Run:
         """Whether the page counts it beside a published row: the protocol's own config (never a trial) and the
         protocol's current network (never a variant's)."""
         return self.record.get("off_protocol") is False and self.variant is None
+
+    @property
+    def machine(self) -> str:
+        """The CPU the run was timed on (`machine_of` its record's hardware)."""
+        return machine_of((self.record.get("env") or {}).get("hardware") or {})
 
     @property
     def completed(self) -> bool:
@@ -91,3 +105,22 @@ class Run:
 
 def _time(stamp: str) -> dt.datetime:
     return dt.datetime.fromisoformat(stamp)
+
+
+def recorded_run(seed_dir: Path, folder: Path, variant: str | None = None) -> Run:
+    """The run `<protocol>/<task>/<attn>/seed-<s>/` holds, from the record in `folder` (the seed dir, or its
+    in-progress snapshot): its variant (the record's, else the folder's `variant`) and its training segments."""
+    protocol, task, attn = seed_dir.parts[-4:-1]
+    record = json.loads((folder / "results.json").read_text())
+    run = Run(protocol, task, attn, int(seed_dir.name.split("-")[1]), record, folder)
+    run.variant = record.get("variant") or variant
+    run.segments = record["run"].get("segments") or []
+    return run
+
+
+def completed_runs(protocol: str, task: str, attn: str, root: Path = EVIDENCE_ROOT) -> list[Run]:
+    """The completed runs of `protocol/task/attn` committed under `root`, from their records alone (no curve, no
+    checkpoint read): cheap enough for a run to look up at its start."""
+    seed_dirs = sorted((root / protocol / task / attn).glob("seed-*"))
+    runs = [recorded_run(d, d) for d in seed_dirs if (d / "results.json").is_file()]
+    return [r for r in runs if r.completed]

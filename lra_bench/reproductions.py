@@ -61,7 +61,7 @@ from lra_bench.reproduction_approx import output_error as approx_output_error
 from lra_bench.reproduction_approx import read as read_approx
 from lra_bench.reproduction_claims import claims_section, seeds_needed
 from lra_bench.reproduction_cost import COST_FIGURE, cost_section, plot_cost
-from lra_bench.reproduction_runs import PRIOR_MARGIN, Run
+from lra_bench.reproduction_runs import PRIOR_MARGIN, Run, recorded_run
 
 PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
@@ -104,11 +104,8 @@ def _collect(root: Path, variant: str | None) -> list[Run]:
         folder = seed_dir if (seed_dir / "results.json").exists() else seed_dir / IN_PROGRESS
         if not (folder / "results.json").exists() or seed_dir.parts[-4] == VARIANTS:
             continue
-        protocol, task, attn = seed_dir.parts[-4:-1]
-        record = json.loads((folder / "results.json").read_text())
-        run = Run(protocol, task, attn, int(seed_dir.name.split("-")[1]), record, folder, read_curve(folder))
-        run.variant = record.get("variant") or variant
-        run.segments = record["run"].get("segments") or []
+        run = recorded_run(seed_dir, folder, variant)
+        run.curve = read_curve(folder)
         if folder.name == IN_PROGRESS:  # the snapshot's record is from its start: the checkpoint knows how far
             run.checkpoint_step, run.segments = snapshot_progress(folder / "checkpoints" / "last.ckpt")
         runs.append(run)

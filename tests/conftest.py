@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -147,6 +148,18 @@ def write_listops(data_dir: Path, train: int = 96, evaluation: int = 64, max_len
         cwd=REPO, check=True, capture_output=True,
     )  # fmt: skip
     return data_dir
+
+
+#: a stopped run's last line (`StopSignals.stopped_line`): the signal, its step, the checkpoint saved, its step, and
+#: the command that resumes
+STOPPED = re.compile(r"\[lra-bench\] stopped by (SIG\w+) at step (\d+): saved (\S+) at step (\d+); to resume: (.+)")
+
+
+def saved_step(output: str) -> int:
+    """The step the checkpoint holds, as the run's last line says (the last such line in `output`)."""
+    found = STOPPED.findall(output)
+    assert found, output[-3000:]
+    return int(found[-1][3])
 
 
 def checkpoint_step(path: Path) -> int:

@@ -14,14 +14,20 @@ import torch
 
 
 class FaultInjection(pl.Callback):
-    """`step_sleep_s=0.3` (slow steps, so a test can interrupt mid-run), `nan_loss_at_step=K` (poison a weight
-    before step K's forward: the module refuses the NaN loss), `nan_grad_at_step=K` (NaN gradients in step K: the
-    parameters turn NaN and `FiniteGuard` stops the run)."""
+    """`step_sleep_s=0.3` (slow steps, so a test can interrupt mid-run), `eval_sleep_s=2` (slow validation batches,
+    sanity check left out, so a test can interrupt an evaluation), `nan_loss_at_step=K` (poison a weight before step
+    K's forward: the module refuses the NaN loss), `nan_grad_at_step=K` (NaN gradients in step K: the parameters
+    turn NaN and `FiniteGuard` stops the run)."""
 
     def __init__(
-        self, step_sleep_s: float = 0.0, nan_loss_at_step: int | None = None, nan_grad_at_step: int | None = None
+        self,
+        step_sleep_s: float = 0.0,
+        nan_loss_at_step: int | None = None,
+        nan_grad_at_step: int | None = None,
+        eval_sleep_s: float = 0.0,
     ) -> None:
         self.step_sleep_s = float(step_sleep_s or 0.0)
+        self.eval_sleep_s = float(eval_sleep_s or 0.0)
         self.nan_loss_at_step = nan_loss_at_step
         self.nan_grad_at_step = nan_grad_at_step
 
@@ -39,3 +45,7 @@ class FaultInjection(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if self.step_sleep_s:
             time.sleep(self.step_sleep_s)
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self.eval_sleep_s and not trainer.sanity_checking:
+            time.sleep(self.eval_sleep_s)

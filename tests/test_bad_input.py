@@ -53,11 +53,40 @@ CASES = [
     (["task=pathfinder", "task.difficulty=99"], "task=pathfinder: task.difficulty='99': expected one of baseline"),
     (["task=image", "task.val_fraction=0"], "task.val_fraction=0.0: expected a number > 0 and < 1"),
     (["task=text", "task.holdout_fraction=1.5"], "task.holdout_fraction=1.5: expected a number > 0 and < 1"),
-    (["attn=fulll"], "Could not find 'attn/fulll' Available options in 'attn': full gpa"),
-    (["atn=full"], "Could not override 'atn'. To append to your config use +atn=full"),
+    (["attn=zzz"], "Could not find 'attn/zzz' Available options in 'attn': full gpa"),  # no near miss: Hydra's
+    (["trainer.detect_anomaly=true"], "use +trainer.detect_anomaly=true"),  # a pl.Trainer argument: Hydra's advice
     (["optim.lr=["], "no viable alternative at input '['"),
     (["attn=nystrom", "selector=kmeans,uniform"], "Ambiguous value for argument 'selector=kmeans,uniform'"),
 ]
+
+
+#: a near miss is named first, whole (Hydra's advice to add `+` used to come first, the near miss only after it)
+NEAR_MISSES = [
+    (
+        ["attn=nystorm"],
+        "attn=nystorm: attn has no option nystorm; did you mean attn=nystrom? (options: full, gpa, linformer, local, "
+        "nystrom, performer, pivoted, polynomial, skyformer, spectral, wildcat)",
+    ),
+    (
+        ["experiment=smoke", "trainer.max_step=5"],
+        "trainer.max_step=5: max_step is neither a key of trainer nor an argument of pl.Trainer; did you mean "
+        "max_steps?",
+    ),
+    (["experiment=smok"], "experiment=smok: experiment has no option smok; did you mean experiment=smoke?"),
+    (["hydra/launcher=slurmm"], "hydra/launcher=slurmm: hydra/launcher has no option slurmm; did you mean"),
+    (["atn=full"], "atn=full: no key or config group atn; did you mean attn?"),
+    (["trainr.max_steps=3"], "trainr.max_steps=3: no key or config group trainr; did you mean trainer?"),
+    (["model.dimm=32"], "model.dimm=32: model has no key dimm; did you mean dim?"),
+    (["data.foo=1"], "data.foo=1: data has no key foo (it has: batch_size, eval_batch_size, num_workers)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), NEAR_MISSES, ids=[" ".join(a) for a, _ in NEAR_MISSES])
+def test_a_near_miss_is_the_one_line(capsys, paths, argv: list[str], message: str) -> None:
+    line = _refused(capsys, [*argv, f"output_root={paths['out']}"], check=check_run_config)
+    assert line.startswith(f"error: {message}"), line
+    assert "+" not in line.split(";")[0] and "To append" not in line
+    assert not paths["out"].exists()
 
 
 @pytest.mark.parametrize(("argv", "message"), CASES, ids=[" ".join(a) for a, _ in CASES])
@@ -284,7 +313,7 @@ def test_the_command_lines_refuse_with_one_line_and_write_nothing(tmp_path: Path
     a_file.write_text("x")
     out = tmp_path / "out"
     cases = [
-        ([f"output_root={out}", "attn=fulll"], None, "Could not find 'attn/fulll'"),
+        ([f"output_root={out}", "attn=zzz"], None, "Could not find 'attn/zzz'"),
         ([f"output_root={out}", "optim.lr=abc"], None, "optim.lr='abc'"),
         ([f"output_root={out}", "trainer.val_check_interval=0"], None, "trainer.val_check_interval=0"),
         ([f"output_root={out}", f"data_dir={tmp_path / 'data'}", "+trainer.max_step=5"], None, "max_steps?"),
@@ -302,6 +331,24 @@ def test_the_command_lines_refuse_with_one_line_and_write_nothing(tmp_path: Path
         )
     assert not out.exists()
     assert not (tmp_path / "data").exists()  # refused before any data was generated
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["attn=nystorm"], "error: attn=nystorm: attn has no option nystorm; did you mean attn=nystrom?"),
+        (["experiment=smoke", "trainer.max_step=5"], "error: trainer.max_step=5: max_step is neither a key of trainer"),
+        (["-m", "attn=nystorm,gpa"], "error: sweep job attn=nystorm: attn=nystorm: attn has no option nystorm; did"),
+    ],
+    ids=["option", "key", "sweep"],
+)
+def test_run_py_names_the_near_miss_in_its_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
+    """The issue's commands, through real run.py processes: the near miss is the line, exit 2, nothing created."""
+    proc = _cli(*argv, f"output_root={tmp_path / 'out'}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(err) == 1 and err[0].startswith(message), (proc.returncode, proc.stderr)
+    assert "did you mean" in err[0] and "To append" not in err[0]
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- a mistyped data_dir ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from lra_bench.record import results
-from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, fault, run_cli, start_run, wait_until
+from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, fault, run_cli, saved_step, start_run, wait_until
 from tests.wandb_log import history_steps, run_ids
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,6 @@ ARGS = [
     "diagnostics.enabled=false",
     "run_name=sig",
 ]
-SAVED = re.compile(r"stopped by a signal: saved .*last\.ckpt at step (\d+)")
 
 
 def _env(tmp_path: Path, logger: str) -> dict[str, str]:
@@ -77,17 +76,11 @@ def _interrupt(tmp_path: Path, logger: str, signum: int, *, tree: bool) -> tuple
     return proc.returncode, log_path.read_text(errors="replace"), out, took
 
 
-def _saved_step(output: str) -> int:
-    found = SAVED.findall(output)
-    assert found, output[-3000:]
-    return int(found[-1])
-
-
 @pytest.mark.timeout(600)
 def test_sigterm_saves_at_the_signal_exits_143_and_the_same_command_resumes_there(tmp_path: Path) -> None:
     rc, output, out, took = _interrupt(tmp_path, "default", signal.SIGTERM, tree=True)
     assert rc == 143, output[-3000:]
-    step = _saved_step(output)
+    step = saved_step(output)
     assert VAL_EVERY < step < 2 * VAL_EVERY  # between two validations: saved because of the signal
     assert checkpoint_step(out / "checkpoints" / "last.ckpt") == step
     record = results.read_record(out / results.FILENAME)
@@ -124,7 +117,7 @@ def test_sigterm_saves_at_the_signal_exits_143_and_the_same_command_resumes_ther
 def test_ctrl_c_saves_at_the_signal_and_exits_130(tmp_path: Path) -> None:
     rc, output, out, took = _interrupt(tmp_path, "csv", signal.SIGINT, tree=False)
     assert rc == 130, output[-3000:]
-    step = _saved_step(output)
+    step = saved_step(output)
     assert VAL_EVERY < step < 2 * VAL_EVERY and checkpoint_step(out / "checkpoints" / "last.ckpt") == step
     record = results.read_record(out / results.FILENAME)
     assert record["status"] == "interrupted" and f"stopped by SIGINT at step {step}" in record["error"]
@@ -213,7 +206,7 @@ def test_ctrl_c_under_tee_saves_even_though_the_pipe_died_and_the_record_tells_t
     run_log = (out / "run.log").read_text(errors="replace")
     assert tee.returncode == -signal.SIGINT  # the pipe's reader really died of the Ctrl-C
     assert run.returncode == 130, run_log[-3000:]
-    step = _saved_step(run_log)
+    step = saved_step(run_log)
     assert 3 <= step < VAL_EVERY  # no periodic save yet: only the stop saved it
     assert checkpoint_step(out / "checkpoints" / "last.ckpt") == step
     record = results.read_record(out / results.FILENAME)

@@ -11,7 +11,6 @@ must not ask for a GPU unless the trainer uses one).
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 from lra_bench.record import results
 from lra_bench.run.build import build_datamodule
 from tests import conftest_slurm
-from tests.conftest import REPO, TINY_LISTOPS, checkpoint_step, compose, fault, start_run
+from tests.conftest import REPO, STOPPED, TINY_LISTOPS, checkpoint_step, compose, fault, start_run
 from tests.wandb_log import history_steps, run_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -100,9 +99,9 @@ def test_scontrol_requeue_saves_at_the_signal_and_resumes_from_that_step(
     assert master.returncode == 0, master_log[-3000:] + job_log[-3000:]
     assert local_slurm.job_info(job_id)[0].get("Restarts") == "1", local_slurm.job_info(job_id)
 
-    saved = re.findall(r"stopped by a signal: saved .*last\.ckpt at step (\d+)", job_log)
+    saved = STOPPED.findall(job_log)
     assert saved, f"no save at the signal:\n{job_log[-4000:]}"
-    signal_step = int(saved[0])
+    signal_step = int(saved[0][3])
     assert VAL_EVERY < signal_step < 2 * VAL_EVERY, signal_step  # between two validations: not a periodic save
     record = results.read_record(out / results.FILENAME)
     assert record["status"] == "completed", (record["error"], job_log[-3000:])

@@ -26,7 +26,7 @@ import pytest
 from lra_bench.record import results
 from lra_bench.run.build import build_datamodule
 from tests import conftest_slurm
-from tests.conftest import TINY_LISTOPS, checkpoint_step, compose, fault, start_run
+from tests.conftest import STOPPED, TINY_LISTOPS, checkpoint_step, compose, fault, start_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -174,9 +174,9 @@ def test_slurm_sweep_requeue_resume_and_failure(local_slurm, tmp_path: Path, mon
 
     # the USR2 job saved last.ckpt at its step boundary before submitit requeued it
     usr2_log = _job_log(local_slurm, sweep, str(job1))
-    saved = re.search(r"stopped by a signal: saved .*last\.ckpt at step (\d+)", usr2_log)
+    saved = STOPPED.search(usr2_log)
     assert "caught SIGUSR2" in usr2_log and saved, usr2_log[-4000:]
-    assert int(saved.group(1)) == records[("full", 1)][1]["run"]["resumed_from_step"]
+    assert int(saved.group(4)) == records[("full", 1)][1]["run"]["resumed_from_step"]
     assert "Requeued job" in usr2_log  # submitit did the requeueing
 
     # exactly one requeue owner: submitit; Lightning's SLURM environment has auto_requeue off, no USR1 handler

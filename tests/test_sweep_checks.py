@@ -56,7 +56,10 @@ def test_a_job_that_cannot_run_stops_the_sweep_before_anything_is_written(tmp_pa
     sweep = tmp_path / "sweep"
     for values, message in [
         ("optim.lr=1e-3,abc", "error: sweep job optim.lr=abc: optim.lr='abc': expected a number > 0"),
-        ("attn=full,fulll", "error: sweep job attn=fulll: In 'config': Could not find 'attn/fulll'"),
+        (
+            "attn=full,fulll",
+            "error: sweep job attn=fulll: attn=fulll: attn has no option fulll; did you mean attn=full?",
+        ),
     ]:
         proc = run_cli(["-m", *TINY, values, f"hydra.sweep.dir={sweep}"], tmp_path, check=False)
         err = [line for line in proc.stderr.splitlines() if line.strip()]

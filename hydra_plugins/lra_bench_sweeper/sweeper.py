@@ -65,7 +65,9 @@ def check_jobs(
     """The jobs that can run, each composed as the launcher will compose it and checked: an incompatible
     combination is left out with one line; anything else wrong stops the sweep (one line, exit 2). Shared by every
     sweeper of this package (the Optuna sweeper checks each batch of trials with it)."""
-    from lra_bench.config.compose import one_line
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lra_bench.config.preflight import composition_error
     from lra_bench.errors import ConfigError, IncompatibleCombination
     from lra_bench.run.build import check_run_config
 
@@ -81,6 +83,7 @@ def check_jobs(
         except ConfigError as err:
             refuse(f"sweep job {name}: {err}")
         except (HydraException, OmegaConfBaseException) as err:
-            refuse(f"sweep job {name}: {one_line(err).split(' Config search path:')[0]}")
+            parsed = OverridesParser.create().parse_overrides(list(job))
+            refuse(f"sweep job {name}: {composition_error(err, parsed, str(config.hydra.job.config_name))}")
         kept.append(job)
     return kept

@@ -13,6 +13,11 @@ A key added with `+` goes where no schema looks: Hydra suggests `+trainer.max_st
 then generated its data for minutes before `pl.Trainer` refused the argument. So a `+` (or `++`) key under a node the
 config already has is refused with a "did you mean" unless it is one of the open places where the tree takes new
 keys (`check_added_keys`); a new top-level key (`+notes.owner=…`) and Hydra's own config are left alone.
+
+A near miss comes first: Hydra answers `attn=nystorm` with the list of options and `trainer.max_step=5` with "to append
+to your config use +trainer.max_step=5" (advice that only leads to the refusal above). `composition_error` turns such
+an error into one line that names the near miss first (`attn=nystorm: attn has no option nystorm; did you mean
+attn=nystrom?`); Hydra's own words stay for what has no near miss.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import difflib
 import functools
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,9 +57,15 @@ def trainer_arguments() -> frozenset[str]:
     return frozenset(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
 
 
+def _closest(word: str, candidates: Any) -> str | None:
+    """The candidate `word` most likely mistypes (difflib's ratio >= 0.6), or None."""
+    close = difflib.get_close_matches(word, sorted(map(str, candidates)), n=1)
+    return close[0] if close else None
+
+
 def _suggestion(key: str, candidates: Any) -> str:
-    close = difflib.get_close_matches(key, sorted(map(str, candidates)), n=1)
-    return f"; did you mean {close[0]}?" if close else ""
+    close = _closest(key, candidates)
+    return f"; did you mean {close}?" if close else ""
 
 
 def added_key_problem(tree: dict[str, Any], key: str) -> str | None:
@@ -84,6 +96,61 @@ def added_key_problem(tree: dict[str, Any], key: str) -> str | None:
         return f"{missing} is neither a key of trainer nor an argument of pl.Trainer{hint}"
     hint = _suggestion(missing, node) or f" (it has: {', '.join(sorted(map(str, node)))})"
     return f"{parent} has no key {missing}{hint}"
+
+
+#: Hydra's words for a key the config does not have (`config_loader_impl`, `defaults_list`)
+_NOT_A_KEY = re.compile(r"Could not override '([^']+)'")
+
+
+def _missing_option(err: Exception, overrides: Sequence[Any]) -> str | None:
+    """`group=typo` (Hydra's MissingConfigException for `<group>/<typo>`, with the group's options): the option it
+    most likely meant, or None."""
+    missing, options = getattr(err, "missing_cfg_file", None), list(getattr(err, "options", None) or ())
+    for o in overrides:
+        value = None if o.is_sweep_override() else o.value()
+        if not isinstance(value, str) or f"{o.key_or_group}/{value}" != missing:
+            continue
+        group, name = str(missing).rsplit("/", 1)  # a nested option (`experiment=leaderboard/x`): its own group
+        close = _closest(name, options)
+        if close is None:
+            return None
+        meant = value[: len(value) - len(name)] + close
+        return (
+            f"{o.input_line}: {group} has no option {name}; did you mean {o.key_or_group}={meant}? "
+            f"(options: {', '.join(map(str, options))})"
+        )
+    return None
+
+
+def _missing_key(err: Exception, overrides: Sequence[Any], config_name: str) -> str | None:
+    """`key=value` for a key the config does not have: the key (or config group) it most likely meant, or why
+    adding it would do nothing (`added_key_problem`); None when adding it with `+` is right (a pl.Trainer argument)."""
+    found = _NOT_A_KEY.search(str(err))
+    given = [o for o in overrides if found and str(o.key_or_group) == found.group(1)]
+    if not given:
+        return None
+    o = given[0]
+    rest = [str(x.input_line) for x in overrides if x is not o and not x.is_sweep_override()]
+    cfg = compose_config(rest, config_name=config_name, return_hydra_config=True)
+    tree = plain_dict(cfg, resolve=False)
+    first = str(o.key_or_group).split(".")[0]
+    if first not in tree:
+        groups = [g for g in cfg.hydra.runtime.choices if not str(g).startswith("hydra/")]
+        close = _closest(first, [*(k for k in tree if k != "hydra"), *groups])
+        return f"{o.input_line}: no key or config group {first}; did you mean {close}?" if close else None
+    problem = added_key_problem({k: v for k, v in tree.items() if k != "hydra"}, str(o.key_or_group))
+    return f"{o.input_line}: {problem}" if problem else None
+
+
+def composition_error(err: Exception, overrides: Sequence[Any], config_name: str) -> str:
+    """One line for Hydra's (or OmegaConf's) composition error `err` on `overrides` (parsed): the near miss of a
+    mistyped option or key first, else Hydra's own message without its search-path listing (which says nothing
+    new)."""
+    try:
+        near = _missing_option(err, overrides) or _missing_key(err, overrides, config_name)
+    except Exception:  # the config does not compose without the override either: Hydra's words then
+        near = None
+    return near or one_line(err).split(" Config search path:")[0]
 
 
 def check_added_keys(overrides: Sequence[Any], config_name: str) -> None:
@@ -121,6 +188,7 @@ def preflight(
 
     args, _unknown = get_args_parser().parse_known_args(list(argv))
     name = args.config_name or config_name
+    parsed: list[Any] = []  # (a line Hydra cannot parse fails before there is any)
     try:  # every return leaves Hydra's global instance clear (`finally`), for `@hydra.main` or the next call
         if args.help or args.hydra_help or args.shell_completion or args.info or args.experimental_rerun:
             return None
@@ -167,7 +235,7 @@ def preflight(
     except ConfigError as err:
         bad_input(str(err))
     except (HydraException, OmegaConfBaseException) as err:
-        bad_input(one_line(err).split(" Config search path:")[0])  # the search path listing says nothing new
+        bad_input(composition_error(err, parsed, name))
     finally:
         from hydra.core.global_hydra import GlobalHydra
 

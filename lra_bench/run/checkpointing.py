@@ -215,10 +215,10 @@ class LastCheckpoint(Checkpoint):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning raises SIGTERMException at a clean step boundary (after the step's validation). Other
         # exceptions leave a state we do not trust. Multi-process: no collective save from an exception path.
+        # (the run's last line says what is saved: `lra_bench.run.signals.StopSignals.stopped_line`)
         if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and trainer.global_step > 0:
             if trainer.global_step != self.saved_step:
                 self.save(trainer)
-                say(f"[lra-bench] stopped by a signal: saved {self.dirpath / LAST} at step {trainer.global_step}")
 
 
 # -- reliability ----------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import shlex
+import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from lra_bench.config.plain import plain_dict
 from lra_bench.reports.terminal import table_console
 from lra_bench.run.curves import FILENAME as CURVES
 from lra_bench.run.runlog import to_log_only
@@ -47,14 +51,94 @@ def changed_keys(record: dict[str, Any], shown: int = 6) -> str:
     return ", ".join(keys[:shown]) + (f", … ({len(keys) - shown} more)" if len(keys) > shown else "")
 
 
-def conformance_line(record: dict[str, Any]) -> str:
-    """One line at a run's start: whether its numbers can stand beside the protocol's published row."""
+#: the preset a faithful run's opening line offers for a quick look (README "Running" says what it costs)
+QUICK_LOOK = "cpu_small"
+
+
+def chosen_preset() -> str | None:
+    """The `experiment=` preset this Hydra job was composed with; None without one (or outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    choice = HydraConfig.get().runtime.choices.get("experiment")
+    return None if choice in (None, "null") else str(choice)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def _env(record: dict[str, Any], section: str) -> dict[str, Any]:
+    """A record's `env.<section>` (`hardware`, `runtime`); empty where an older record lacks it."""
+    return dict((record.get("env") or {}).get(section) or {})
+
+
+def measured_here(record: dict[str, Any]) -> str | None:
+    """How long this run takes on this machine, as measured: the median wall time of the committed reproductions
+    of the same experiment (seed aside) that completed on this CPU (`lra_bench.reproduction_runs`); None when
+    there is none, so a duration is never guessed. Says what it is from (runs, their threads, their folder)."""
+    from lra_bench.record.identity import config_identity, seed_free
+    from lra_bench.record.provenance import hardware
+    from lra_bench.reproduce import REPO
+    from lra_bench.reproduction_runs import completed_runs, machine_of
+
+    here, experiment = hardware(), seed_free(config_identity(record["config"]))
+    runs = completed_runs(str(record["protocol"]), str(record["task"]), str(record["attn"]))
+    same = [
+        r
+        for r in runs
+        if r.counted
+        and r.machine == machine_of(here)
+        and _env(r.record, "hardware").get("gpus") == here["gpus"]
+        and seed_free(config_identity(r.record["config"])) == experiment
+    ]
+    walls = sorted(w for r in same if (w := r.wall_s()) is not None)
+    if not walls:
+        return None
+    threads = sorted({str(_env(r.record, "runtime").get("threads", "?")) for r in same})
+    folder = same[0].folder.parent.relative_to(REPO) if same[0].folder.is_relative_to(REPO) else same[0].folder.parent
+    runs_here = f"{len(walls)} completed run{'s' if len(walls) > 1 else ''} of it here"
+    return (
+        f"about {_duration(statistics.median(walls))} on this CPU ({runs_here}, {'/'.join(threads)} thread"
+        f"{'s' if threads != ['1'] else ''}: {folder})"
+    )
+
+
+def schedule_words(config: dict[str, Any]) -> str:
+    """`5,000 steps of batch 32 at length 2,048, 62 val batches every 50 steps`: what the schedule asks of the
+    machine, from the run's resolved config."""
+    trainer = config["trainer"]
+    steps, every, batches = trainer["max_steps"], trainer["val_check_interval"], trainer.get("limit_val_batches")
+    evaluation = f"{batches} val batches" if isinstance(batches, int) else "a full validation"
+    when = f"every {every} steps" if isinstance(every, int) else f"every {every} of an epoch"
+    return (
+        f"{steps:,} steps of batch {config['data']['batch_size']} at length {config['task']['seq_len']:,}, "
+        f"{evaluation} {when}"
+    )
+
+
+def opening_line(record: dict[str, Any], preset: str | None = None) -> str:
+    """One line before a run prepares its data: what it is. On protocol: the faithful schedule, how long it takes
+    here when that was measured (`measured_here`), and the preset for a quick look; a preset (`experiment=`) off
+    its protocol: that it is one, never ranked beside published rows (its deviations stay in the record); any
+    other run off protocol: the keys it changes."""
     protocol = record.get("protocol")
     if record.get("off_protocol") is None:
         return f"[lra-bench] protocol {protocol}: not checked (its config for this task and attention does not compose)"
+    if record["off_protocol"] and preset is not None:
+        n = len(record.get("deviations") or {})
+        return (
+            f"[lra-bench] preset {preset}: not the {protocol} protocol, so never ranked beside published rows; "
+            f"results.json lists the {n} setting{'s' if n != 1 else ''} it changes"
+        )
     if record["off_protocol"]:
         return f"[lra-bench] OFF protocol {protocol}: changes {changed_keys(record)} (never ranked beside its rows)"
-    return f"[lra-bench] on protocol {protocol}: only the method and logistics differ from its config"
+    duration = measured_here(record) or "no run of it recorded on this CPU; it projects its time after a validation"
+    return (
+        f"[lra-bench] on protocol {protocol} (faithful): {schedule_words(record['config'])} — {duration}. "
+        f"Quick look on a small generated ListOps: python run.py experiment={QUICK_LOOK} attn={record['attn']}"
+    )
 
 
 def print_summary(record: dict[str, Any]) -> None:
@@ -134,6 +218,27 @@ def wandb_sync_command(record: dict[str, Any]) -> str | None:
     if len(parts) == 1:
         return f"wandb sync {parts[0]}"
     return f"wandb sync --id {record['run']['wandb_id']} {' '.join(map(str, parts))}"
+
+
+def resume_command(cfg: DictConfig, output_dir: Path) -> str:
+    """The command that continues this run from its checkpoints in `output_dir`.
+
+    The command line as typed, when typing it again lands here and resumes: a single run (not a sweep's job) with
+    `ckpt_path=last` and a folder name the command fixes. Otherwise (a sweep's job; a `run_name` drawn from the clock,
+    as `experiment=demo`'s; another `ckpt_path`) this job's overrides with `hydra.run.dir=` this folder, where the
+    default `ckpt_path=last` resumes."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    program = sys.argv[0] if sys.argv[0].endswith(".py") else "run.py"
+    if not HydraConfig.initialized():
+        return shlex.join(["python", program, *sys.argv[1:]])
+    hydra = HydraConfig.get()
+    fixed_name = "${" not in str(plain_dict(cfg, resolve=False).get("run_name"))
+    if hydra.mode == RunMode.RUN and str(cfg.get("ckpt_path")) == "last" and fixed_name:
+        return shlex.join(["python", program, *sys.argv[1:]])
+    overrides = [str(o) for o in hydra.overrides.task if not str(o).startswith(("ckpt_path=", "run_name="))]
+    return shlex.join(["python", program, *overrides, f"hydra.run.dir={output_dir}"])
 
 
 def next_commands(record: dict[str, Any]) -> list[str]:

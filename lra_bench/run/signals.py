@@ -9,8 +9,12 @@ tests/test_slurm_signals.py):
   boundary and `lra_bench.run.checkpointing.LastCheckpoint` saves `last.ckpt` at that step. Lightning only watches
   SIGTERM; routing Ctrl-C through the same flag is what makes Ctrl-C save too (Lightning's own KeyboardInterrupt path
   saves nothing, and a state interrupted mid-step could not be trusted anyway).
-* A second Ctrl-C stops at once (`KeyboardInterrupt`): the last checkpoint written stays the resume point.
+* A second Ctrl-C stops the step at once (`KeyboardInterrupt`): the last checkpoint written stays the resume point.
+  Anywhere else — a save under way, the run already stopping outside a loop, or `close()`d: writing its record and
+  exiting — a further signal is told and changes nothing, so no traceback cuts the record or the last line short.
 * Outside a loop (building the data, the model) a signal stops at once with `SignalStop`: there is no step to finish.
+* However and whenever it stopped, the run's last line (`stopped_line`) says the step the checkpoint on disk holds
+  and the command that resumes from it.
 * Telling the terminal never gets in the way: under `… | tee log` Ctrl-C kills tee too, and a message written to the
   dead pipe would raise inside the step instead of letting it finish and save (`lra_bench.run.runlog` keeps the
   message in run.log).
@@ -20,7 +24,8 @@ tests/test_slurm_signals.py):
   SIGINT — the shell's convention, so `sbatch`/`make`/a sweep see that the job did not finish. (Under submitit,
   `SubmititRequeue.hand_over` exits instead, the way submitit requeues.)
 
-Handlers are installed for the duration of `train()` only (main thread) and the previous ones restored afterwards.
+Handlers are installed for the duration of `train()` only (main thread) and the previous ones restored afterwards
+(a stopped run's process keeps Ctrl-C ignored while it exits: `restore`).
 The instance is also a callback: Lightning resets its stop flag when it installs its own SIGTERM handler at the start
 of every `fit`/`test`, so a signal that arrived during set-up is re-applied at `on_train_start`.
 """
@@ -69,6 +74,7 @@ class StopSignals(pl.Callback):
         self.received: int | None = None
         self.count = 0
         self.trainer: pl.Trainer | None = None
+        self.closing = False  # `close()`: the run writes its record and exits; a signal can only be told
         self._previous: dict[int, Any] = {}
 
     # -- installation ------------------------------------------------------------------------------------------
@@ -80,9 +86,16 @@ class StopSignals(pl.Callback):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def restore(self) -> None:
+    def close(self) -> None:
+        """From here on the run only writes its record and exits: a signal is told, never raised into that."""
+        self.closing = True
+
+    def restore(self, stopped: bool = False) -> None:
+        """The previous handlers back. `stopped`: the run was stopped and its process only exits from here, so
+        Ctrl-C stays ignored: a KeyboardInterrupt in Hydra's or W&B's exit code would print a traceback after the
+        run's last line (and exit 130 is what it exits with anyway)."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if stopped and signum == signal.SIGINT else handler)
         self._previous.clear()
 
     # -- the handler -------------------------------------------------------------------------------------------
@@ -92,14 +105,19 @@ class StopSignals(pl.Callback):
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
+        name = signal.Signals(signum).name
+        if self.closing:
+            tell(f"[lra-bench] {name}: the run is writing its record and exiting")
+            return
         first = self.received is None
         if first:
             self.received = signum
-        name = signal.Signals(signum).name
         if not first:
-            if signum == signal.SIGINT:  # the user insists
+            if signum == signal.SIGINT and self._lightning_running():  # the user insists: the step stops now
                 tell(f"[lra-bench] {name} again: stopping now; the last checkpoint written is the resume point")
                 raise KeyboardInterrupt
+            if signum == signal.SIGINT:  # a save or the stop itself is under way: cut short, it would lose work
+                tell(f"[lra-bench] {name} again: already stopping")
             return  # a repeated SIGTERM: already stopping (SLURM follows up with SIGKILL after KillWait)
         trainer = self.trainer
         if trainer is None or not self._lightning_running():
@@ -123,18 +141,36 @@ class StopSignals(pl.Callback):
         where = f" at step {step}" if step is not None else ""
         return f"stopped by {name}{where}; {self.resume_point()}"
 
-    def resume_point(self) -> str:
-        """What re-running the same command starts from, as found on disk now (the checkpoint `ckpt_path=last`
-        resumes from: `lra_bench.run.checkpointing.find_resumable`)."""
+    def saved(self) -> tuple[Path, int | None] | None:
+        """The checkpoint a re-run resumes from, as found on disk now (the one `ckpt_path=last` takes:
+        `lra_bench.run.checkpointing.find_resumable`), relative to the run dir, and its step; None when none is."""
         if self.checkpoints is None:
-            return "re-running the same command resumes from the last checkpoint saved, if any"
+            return None
         from lra_bench.run.checkpointing import find_resumable
 
         resume = find_resumable(self.checkpoints)
         if resume.path is None:
+            return None
+        return Path(resume.path).relative_to(self.checkpoints.parent), resume.step
+
+    def resume_point(self) -> str:
+        """What re-running the same command starts from (`saved`)."""
+        if self.checkpoints is None:
+            return "re-running the same command resumes from the last checkpoint saved, if any"
+        found = self.saved()
+        if found is None:
             return "no checkpoint was saved: re-running the same command starts from step 0"
-        shown = Path(resume.path).relative_to(self.checkpoints.parent)
-        return f"re-running the same command resumes from {shown} (step {resume.step})"
+        return f"re-running the same command resumes from {found[0]} (step {found[1]})"
+
+    def stopped_line(self, step: int | None, resume: str) -> str:
+        """The run's last line once stopped: the signal, the step, what is saved (`saved`) and `resume`, the
+        command that continues from it (`lra_bench.run.console.resume_command`)."""
+        name = signal.Signals(self.received).name if self.received else "a signal"
+        where = f" at step {step}" if step is not None else " before training"
+        found = self.saved()
+        if found is None:
+            return f"[lra-bench] stopped by {name}{where}: nothing saved; to start again from step 0: {resume}"
+        return f"[lra-bench] stopped by {name}{where}: saved {found[0]} at step {found[1]}; to resume: {resume}"
 
     def exit_status(self) -> int:
         return exit_code(self.received or signal.SIGTERM)

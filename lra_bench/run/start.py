@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lra_bench.record import conformance
-from lra_bench.record.identity import fingerprint, run_identity
+from lra_bench.record.identity import config_identity, fingerprint, run_identity
 from lra_bench.record.schema import Identified, RunRecord
 from lra_bench.run import run_state
 from lra_bench.run.checkpoint_identity import IdentityStamp, check_fits, warn_if_code_changed
@@ -42,10 +42,18 @@ class Start:
         return str(Path(resume.path).resolve())
 
 
-def identify(record: RunRecord, dm: Any) -> Identified:
-    """The run's identity, fingerprint and protocol deviations (`RunRecord.set_identity` stores them)."""
+def protocol_check(record: RunRecord) -> dict[str, Any]:
+    """`conformance.check` of the run: from its config alone, so a run knows before its data is prepared whether
+    it is on protocol (the data part of an identity is no part of a protocol: `conformance.deviations` skips it)."""
+    identity = config_identity(record.config)
+    return conformance.check(identity, str(record.task), str(record.protocol), str(record.attn), record.selector)
+
+
+def identify(record: RunRecord, dm: Any, checked: dict[str, Any] | None = None) -> Identified:
+    """The run's identity, fingerprint and protocol deviations (`RunRecord.set_identity` stores them); `checked`:
+    the run's `protocol_check`, when it was made already."""
     identity = run_identity(record.config, run_state.data_identity_of(dm))
-    found = conformance.check(identity, str(record.task), str(record.protocol), str(record.attn), record.selector)
+    found = checked if checked is not None else protocol_check(record)
     return Identified(identity, fingerprint(identity), found["off_protocol"], found["deviations"])
 
 

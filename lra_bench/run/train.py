@@ -31,7 +31,7 @@ from lra_bench.record.schema import RunRecord
 from lra_bench.run import checkpointing, pretrain
 from lra_bench.run.build import build_datamodule
 from lra_bench.run.checkpoint_io import RunCheckpointIO
-from lra_bench.run.console import conformance_line, print_config, print_summary
+from lra_bench.run.console import chosen_preset, opening_line, print_config, print_summary, resume_command
 from lra_bench.run.efficiency import EfficiencyMonitor
 from lra_bench.run.latest import point_latest
 from lra_bench.run.loggers import build_loggers, finish_wandb
@@ -40,8 +40,8 @@ from lra_bench.run.pretrained import PretrainedSource
 from lra_bench.run.progress import progress_callbacks
 from lra_bench.run.recorder import Recorder
 from lra_bench.run.schedule import check_schedule, check_steps_ran, warmup_warning
-from lra_bench.run.signals import StopSignals
-from lra_bench.run.start import Start, identify, start_run
+from lra_bench.run.signals import StopSignals, tell
+from lra_bench.run.start import Start, identify, protocol_check, start_run
 from lra_bench.run.test_outputs import TestOutputs, run_test
 from lra_bench.run.user_callbacks import instantiate_callbacks
 
@@ -81,7 +81,10 @@ def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = N
     start: Start | None = None
     try:
         pl.seed_everything(int(cfg.seed), workers=True)
-        dm, module, start = prepare(cfg, output_dir, recorder, source)
+        checked = protocol_check(recorder.record)
+        if is_zero:  # what this run is, before its data is prepared (minutes, for a protocol's data)
+            print(opening_line({**recorder.as_dict(), **checked}, chosen_preset()), flush=True)
+        dm, module, start = prepare(cfg, output_dir, recorder, source, checked)
         if start.finished is not None:
             if is_zero:
                 print_summary(start.finished)
@@ -104,11 +107,16 @@ def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = N
             raise
         raise replacement from err
     finally:
-        stop.restore()
+        stop.close()  # the record and the exit come next: a signal from now on is told, not raised into them
         recorder.finish()
         finish_wandb()
         if is_zero and recorder.owned and stop.received is None:  # a stopped run draws them when it completes
             draw_curves(output_dir, recorder.as_dict())
+        stopped = recorder.record.status == "interrupted"
+        if is_zero and stopped:  # however and whenever it stopped: the step saved, the command that resumes
+            step = trainer.global_step if trainer is not None else None
+            tell(stop.stopped_line(step, resume_command(cfg, output_dir)))
+        stop.restore(stopped)
         if requeue.pending:  # submitit's USR2 arrived: the step is saved, now let submitit requeue (exits)
             requeue.hand_over()
     if is_zero:
@@ -125,9 +133,10 @@ def stage_record(cfg: DictConfig, output_dir: Path, source: PretrainedSource | N
 
 
 def prepare(
-    cfg: DictConfig, output_dir: Path, recorder: Recorder, source: PretrainedSource | None
+    cfg: DictConfig, output_dir: Path, recorder: Recorder, source: PretrainedSource | None, checked: dict[str, Any]
 ) -> tuple[Any, pl.LightningModule, Start]:
-    """The data (rank 0 prepares it first), the module, and the start checks; the record takes what they find."""
+    """The data (rank 0 prepares it first), the module, and the start checks; the record takes what they find
+    (`checked`: the run's `protocol_check`)."""
     record, pretraining_stage = recorder.record, cfg.stage == "pretrain"
     dm = build_datamodule(cfg)
     prepare_data(dm, output_dir, recorder.is_zero)
@@ -137,7 +146,7 @@ def prepare(
         record.pretrain = pretrain.stage_info(cfg, dm)
     module = build_module(cfg, dm, source, record.pretrain)
     check_schedule(cfg, dm)
-    found = identify(record, dm)
+    found = identify(record, dm, checked)
     record.set_identity(found)
     return dm, module, start_run(cfg, output_dir, record, found, recorder.is_zero)
 
@@ -153,7 +162,6 @@ def resume_checked(
     recorder.own()  # identity and protocol conformance are known now: readable while the run trains
     if recorder.is_zero:
         point_latest(cfg, output_dir)
-        print(conformance_line(recorder.as_dict()))
         if warning := warmup_warning(cfg):
             print(warning, file=sys.stderr, flush=True)
     return resume
