@@ -73,8 +73,10 @@ ARCHITECTURE: tuple[str, ...] = (
 )
 
 #: keys under `ARCHITECTURE` that choose how a component computes, not what its weights mean: they stay in the
-#: identity (they move results at fp32 rounding), but a checkpoint trained with one value loads under the other
-KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel",)
+#: identity (they move results at fp32 rounding, and `model.kernels` draws its dropout masks from another stream),
+#: but a checkpoint trained with one value loads under the other, and a run may choose either and stay on its
+#: protocol (`lra_bench.record.conformance`); each training segment records the values it ran with (`run.segments`)
+KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel", "model.kernels")
 
 
 def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -186,6 +188,11 @@ def result_view(identity: Mapping[str, Any]) -> dict[str, Any]:
 def architecture(identity: Mapping[str, Any]) -> dict[str, Any]:
     """The `ARCHITECTURE` part of an identity (what a checkpoint's state dict depends on)."""
     return {k: v for k, v in identity.items() if under(k, ARCHITECTURE) and not under(k, KERNEL_CHOICES)}
+
+
+def kernel_choices(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The `KERNEL_CHOICES` part of an identity: how its components compute (what a training segment records)."""
+    return {k: v for k, v in identity.items() if under(k, KERNEL_CHOICES)}
 
 
 def describe(identity: Mapping[str, Any], keys: Iterable[str], limit: int = 6) -> str:
