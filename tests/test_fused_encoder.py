@@ -8,6 +8,7 @@ The first test in a fresh cache compiles the kernel (about a minute); the rest l
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from models.kernels import flash_attention, fused_encoder
-from tests.conftest import TINY_LISTOPS, fault, run_cli, run_record
+from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli, run_record
 
 pytestmark = pytest.mark.skipif(fused_encoder.kernel() is None, reason="the kernel cannot be built here")
 
@@ -302,6 +303,7 @@ def test_the_kernels_are_in_the_identity_but_not_in_the_architecture_or_the_prot
 
     fused, eager = identity("model.kernels=fused"), identity("model.kernels=eager")
     assert fingerprint(fused) != fingerprint(eager)
+    assert fused["model.kernels"] == "fused" and "model.kernels" not in eager  # eager: the baseline, left out
     checkpoint = {META_KEY: {"format": META_FORMAT, "identity": fused}, "state_dict": {}}
     assert check_fits("last.ckpt", eager, checkpoint=checkpoint) is checkpoint
     with pytest.raises(ConfigError, match="model.dropout"):
@@ -309,6 +311,28 @@ def test_the_kernels_are_in_the_identity_but_not_in_the_architecture_or_the_prot
     for each in (fused, eager):
         found = conformance.check(each, "listops", "nystromformer", "nystrom", "segment_means")
         assert "model.kernels" not in (found["deviations"] or {})
+
+
+def test_a_run_made_before_the_choice_keeps_its_fingerprint_on_the_eager_path() -> None:
+    """Committed evidence from before `model.kernels` existed (spectral's faithful seed 0) is the experiment today's
+    eager config makes, fingerprint and all, whether the config names the choice or takes its default: an
+    in-progress snapshot of it resumes into its folder (`run_state.check_same_experiment` compares fingerprints),
+    and its seeds stay one leaderboard row."""
+    from lra_bench.config.compose import compose_config
+    from lra_bench.config.plain import plain_dict
+    from lra_bench.record.conformance import derive_run_keys
+    from lra_bench.record.identity import DATA_KEYS, KERNEL_BASELINES, config_identity, fingerprint, under
+    from models.encoder import UNSET_KERNELS
+
+    assert KERNEL_BASELINES == {"model.kernels": UNSET_KERNELS}
+    stored = json.loads((REPO / "reproductions/nystromformer/listops/spectral/seed-0/identity.json").read_text())
+    data = {k: v for k, v in stored["identity"].items() if under(k, DATA_KEYS)}
+    protocol = ["task=listops", "protocol=nystromformer", "attn=spectral", "selector=uniform", "~local"]
+    for named in ([], ["model.kernels=eager"]):
+        cfg = compose_config([*protocol, *named])
+        derive_run_keys(cfg)
+        today = {**config_identity(plain_dict(cfg)), **data}
+        assert today == stored["identity"] and fingerprint(today) == stored["fingerprint"]
 
 
 @pytest.mark.slow
@@ -326,4 +350,4 @@ def test_a_checkpoint_trained_fused_resumes_eager_and_the_segments_say_so(tmp_pa
     segments = record["run"]["segments"]
     assert [s["from_step"] for s in segments] == [0, 4]
     assert [s["kernels"] for s in segments] == [{"model.kernels": "fused"}, {"model.kernels": "eager"}]
-    assert record["identity"]["model.kernels"] == "eager" and math.isfinite(record["metrics"]["test_acc"])
+    assert "model.kernels" not in record["identity"] and math.isfinite(record["metrics"]["test_acc"])
