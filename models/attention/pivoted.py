@@ -135,8 +135,8 @@ class PivotedAttention(LandmarkAttention):
             k_j = gather_tokens(kf, lm.indices)
             q_s = gather_tokens(qf, rows)
             row_ok = rows_valid.unsqueeze(-1).to(qf.dtype)  # [B, H, ℓ, 1]
-            sketch_logits = (q_s @ kf.transpose(-1, -2)).masked_fill(~key_valid, float("-inf"))
             if self.columns == "kernel":
+                sketch_logits = (q_s @ kf.transpose(-1, -2)).masked_fill(~key_valid, float("-inf"))
                 shift_s = sketch_logits.amax(-1, keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
                 e_s = torch.exp(sketch_logits - shift_s) * row_ok  # exact sketch rows of E, [B, H, ℓ, N]
                 c_s = torch.exp(q_s @ k_j.transpose(-1, -2) - shift_s) * lm_valid * row_ok
