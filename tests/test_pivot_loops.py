@@ -1,7 +1,8 @@
 """The two greedy pivot loops (RPCholesky for WildCat, pivoted QR for residual-pivoted attention) against their
 previous formulas, kept here as the oracles, in fp64: the length-grouped loops that drop trailing padding and
 the subnormal-free log must pick exactly the same pivots, so the attentions built on them give the same values
-and gradients (issue 31, item 3)."""
+and gradients (issue 31, item 3). Likewise the residual-pivoted attention's row log-sum-exp, now summed per group of
+sequences over the keys up to the group's last real one, against the previous full-width sum: equal at rounding."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 import models.landmarks.pivoted_qr as pivoted_qr
 import models.landmarks.rpcholesky as rpcholesky_module
 from lra_bench.registry import build_attention, build_selector
+from models.attention.pivoted import BlockwiseLSE, PivotedAttention
+from models.kernels import flash_attention
 from models.landmarks.base import length_groups
 from models.landmarks.pivoted_qr import greedy_pivots
 from models.landmarks.rpcholesky import rpcholesky
@@ -196,3 +199,49 @@ def test_attention_values_and_gradients_match_previous_pivots(
     for g_, w_ in zip(got, want):
         assert torch.isfinite(w_).all()
         torch.testing.assert_close(g_, w_, rtol=0.0, atol=0.0)
+
+
+def oracle_row_lse(self: PivotedAttention, qf: torch.Tensor, kf: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+    """The previous `PivotedAttention._row_lse`, verbatim: one sum over all N keys, pads included as −inf."""
+    if self.kernel == "fused" and qf.device.type == "cpu" and flash_attention.kernel() is not None:
+        bias = flash_attention.key_bias(key_valid[:, 0, 0, :], qf.shape[0], kf.shape[-2], qf.dtype)
+        return flash_attention.RowLogSumExp.apply(qf, kf, bias)
+    return BlockwiseLSE.apply(qf, kf, key_valid, self.block_size)
+
+
+def lse_and_grads(attn: PivotedAttention, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, N, D, generator=g, dtype=dtype, requires_grad=True) for _ in range(2))
+    mask = ragged_mask(seed)
+    key_valid = mask[:, None, None, :]
+    lse = attn._row_lse(q, k, key_valid)
+    weight = torch.randn(lse.shape, generator=g, dtype=dtype)
+    grads = torch.autograd.grad((torch.where(torch.isfinite(lse), lse, 0.0) * weight).sum(), (q, k))
+    return (lse.detach(), *grads)
+
+
+@pytest.mark.parametrize(("kernel", "dtype", "tol"), [("eager", torch.float64, 1e-12), ("fused", torch.float32, 2e-6)])
+def test_row_lse_matches_previous_full_width_sum(
+    kernel: str, dtype: torch.dtype, tol: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp64 where the path takes it (`BlockwiseLSE`); the compiled kernel is fp32 only (as the attention calls it)."""
+    if kernel == "fused" and flash_attention.kernel() is None:
+        pytest.skip("compiled kernel not built here")
+    attn = build_attention(
+        "pivoted",
+        head_dim=D,
+        num_heads=H,
+        seq_len=N,
+        num_landmarks=M,
+        selector=build_selector("pivoted_qr"),
+        kernel=kernel,
+        block_size=16,
+    )
+    assert isinstance(attn, PivotedAttention)
+    got = lse_and_grads(attn, dtype)
+    monkeypatch.setattr(PivotedAttention, "_row_lse", oracle_row_lse)
+    want = lse_and_grads(attn, dtype)
+    assert torch.equal(torch.isfinite(got[0]), torch.isfinite(want[0]))
+    assert not torch.isfinite(want[0]).all()  # the sequence without a real key: −inf, no gradient
+    for g_, w_ in zip(got, want):
+        torch.testing.assert_close(g_, w_, rtol=tol, atol=tol)
