@@ -2,7 +2,8 @@
 previous formulas, kept here as the oracles, in fp64: the length-grouped loops that drop trailing padding and
 the subnormal-free log must pick exactly the same pivots, so the attentions built on them give the same values
 and gradients (issue 31, item 3). Likewise the residual-pivoted attention's row log-sum-exp, now summed per group of
-sequences over the keys up to the group's last real one, against the previous full-width sum: equal at rounding."""
+sequences over the keys up to the group's last real one, and WildCat's key-side sums X·[V | 1], against the previous
+full-width sums: equal at rounding."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import models.landmarks.pivoted_qr as pivoted_qr
 import models.landmarks.rpcholesky as rpcholesky_module
 from lra_bench.registry import build_attention, build_selector
 from models.attention.pivoted import BlockwiseLSE, PivotedAttention
+from models.attention.wildcat import WildcatAttention
 from models.kernels import flash_attention
 from models.landmarks.base import length_groups
 from models.landmarks.pivoted_qr import greedy_pivots
@@ -245,3 +247,44 @@ def test_row_lse_matches_previous_full_width_sum(
     assert not torch.isfinite(want[0]).all()  # the sequence without a real key: −inf, no gradient
     for g_, w_ in zip(got, want):
         torch.testing.assert_close(g_, w_, rtol=tol, atol=tol)
+
+
+def oracle_key_sums(
+    z_s: torch.Tensor, z: torch.Tensor, hsq_s: torch.Tensor, link: torch.Tensor, rhs: torch.Tensor, real: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The previous lines of `WildcatAttention._operator`, verbatim: logits, shift and X·rhs over all N keys."""
+    logits_sk = (z_s @ z.transpose(-1, -2) - hsq_s[..., None]).masked_fill(~link, float("-inf"))
+    shift = logits_sk.amax(dim=(-1, -2), keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
+    x = torch.exp(logits_sk - shift)
+    return shift, x @ rhs
+
+
+@pytest.mark.parametrize("num_bins", [1, 2])
+def test_wildcat_key_sums_match_previous_full_width_sums(num_bins: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WildCat in fp64 (its core follows the input's precision): output and gradients at fp64 rounding."""
+
+    def run() -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(0)
+        attn = build_attention(
+            "wildcat",
+            head_dim=D,
+            num_heads=H,
+            seq_len=N,
+            num_landmarks=M,
+            num_bins=num_bins,
+            selector=build_selector("rpcholesky"),
+        )
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        mask = ragged_mask(0)
+        mask[0, :2] = True
+        out = attn(q, k, v, mask)
+        weight = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        return (out.detach(), *torch.autograd.grad((out * weight * mask[:, None, :, None]).sum(), (q, k, v)))
+
+    got = run()
+    monkeypatch.setattr(WildcatAttention, "_key_sums", staticmethod(oracle_key_sums))
+    want = run()
+    for g_, w_ in zip(got, want):
+        assert torch.isfinite(w_).all()
+        torch.testing.assert_close(g_, w_, rtol=1e-10, atol=1e-12)
