@@ -2,9 +2,10 @@
 completed on-protocol seeds beside the median training-step time and peak memory of the same runs — the LRA
 paper's Figure 3 (accuracy against speed and memory), from our runs.
 
-Comparable rows only: a step time depends on the machine, and the reproductions run on whichever CPU type a
-session draws. So the cost columns and the figure use the runs of one machine — the CPU (name, identity and vector
-unit) that most completed runs share — and an attention with no run there is listed without cost. Accuracy is
+Comparable rows only: a step time depends on the machine and on the encoder's kernel path, and the reproductions
+run on whichever CPU type a session draws. So the cost columns and the figure use the runs of one machine and path —
+the CPU (name, identity and vector unit) and `model.kernels` that most completed runs share (`Run.timing`) — and an
+attention with no run there is listed without cost. Accuracy is
 over every completed seed (it does not depend on the machine beyond fp32 rounding). Both cost measures are of the
 whole training step and process (`metrics.step_time_median_s`, `metrics.peak_memory_mib`), measured while the
 other core ran another reproduction (the load is in each record).
@@ -39,8 +40,8 @@ class CostRow:
 
 
 def reference_machine(runs: Sequence[Run]) -> str | None:
-    """The machine most completed runs were timed on (ties: the first in name order)."""
-    counts = Counter(r.machine for r in runs)
+    """The machine and kernel path most completed runs were timed on (`Run.timing`; ties: the first in name order)."""
+    counts = Counter(r.timing for r in runs)
     return min(counts, key=lambda m: (-counts[m], m)) if counts else None
 
 
@@ -57,7 +58,7 @@ def cost_rows(runs: Sequence[Run]) -> tuple[list[CostRow], str | None]:
     rows = []
     for attn, mine in done.items():
         accs = [100 * float(r.test_acc or 0.0) for r in mine]
-        timed = [r for r in mine if r.machine == where]
+        timed = [r for r in mine if r.timing == where]
         metrics = [r.record.get("metrics") or {} for r in timed]
         rows.append(
             CostRow(
@@ -87,7 +88,7 @@ def cost_section(runs: Sequence[Run], figure: str | None) -> list[str]:
             r.attn,
             _interval(r),
             str(r.seeds),
-            f"{r.step_s:.3f} s" if r.step_s is not None else "— (not run on this machine)",
+            f"{r.step_s:.3f} s" if r.step_s is not None else "— (not run on this machine and path)",
             f"{r.memory_mib:,.0f} MiB" if r.memory_mib is not None else "—",
             str(r.timed_runs),
         ]
@@ -95,8 +96,9 @@ def cost_section(runs: Sequence[Run], figure: str | None) -> list[str]:
     ]
     header = ["attention", "test acc % (95% CI)", "seeds", "step time (median)", "peak memory", "runs timed"]
     lines += [
-        f"Cost columns from the runs on {where} (the machine most completed runs share; a step time from another "
-        "machine is not comparable), whole training step and process, the other core running another reproduction.",
+        f"Cost columns from the runs on {where} (the machine and kernel path most completed runs share; a step "
+        "time from another is not comparable), whole training step and process, the other core running another "
+        "reproduction.",
         "",
         *table(header, body),
         "",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lra_bench.record.identity import identity_of
 from lra_bench.reproduce import EVIDENCE_ROOT, IN_PROGRESS
 
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
@@ -51,6 +52,12 @@ class Run:
     def machine(self) -> str:
         """The CPU the run was timed on (`machine_of` its record's hardware)."""
         return machine_of((self.record.get("env") or {}).get("hardware") or {})
+
+    @property
+    def timing(self) -> str:
+        """What its step time compares within: the CPU (`machine`) and the encoder's kernel path (`model.kernels`;
+        eager for a run from before the choice existed)."""
+        return f"{self.machine}, model.kernels={identity_of(self.record)['model.kernels']}"
 
     @property
     def completed(self) -> bool:

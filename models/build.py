@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from models.attention.base import Attention
-from models.encoder import Encoder
+from models.encoder import UNSET_KERNELS, Encoder
 from models.heads import Classifier, DualClassifier, TaskNetwork
 
 #: makes the attention of one block: `(layer index, sequence length incl. a CLS token) -> Attention`
@@ -31,7 +31,7 @@ def build_classifier(
     model: dict[str, Any],
     make_attention: AttentionFactory,
 ) -> TaskNetwork:
-    """`model`: dim, depth, num_heads, head_dim, ffn_dim, dropout, pooling, head_hidden, interaction.
+    """`model`: dim, depth, num_heads, head_dim, ffn_dim, dropout, pooling, head_hidden, interaction, kernels.
     `make_attention` is called once per block, in order (every block gets its own instance: selectors may hold
     per-layer state, e.g. GPA's codebook)."""
     num_heads, head_dim = int(model["num_heads"]), int(model["head_dim"])
@@ -48,6 +48,7 @@ def build_classifier(
         attention_factory=lambda total_len: make_attention(next(layers), total_len),
         dropout=float(model.get("dropout", 0.1)),
         pooling=str(model.get("pooling", "mean")),
+        kernels=str(model.get("kernels", UNSET_KERNELS)),
     )
     hidden = int(model.get("head_hidden", model["ffn_dim"]))
     if dual:

@@ -3,6 +3,11 @@
 Matches the Nyströmformer/Skyformer LRA model (2 layers, dim 64, FFN 128, 2 heads, dropout 0.1) when built
 with the `nystromformer` protocol. The attention operator is injected by a factory so that every block gets
 its own instance (selectors may hold per-layer state, e.g. GPA's codebook).
+
+`kernels` (`model.kernels`) chooses how the chain around the matmuls runs: `eager` one torch operator at a time,
+`fused` through the compiled kernel `models.kernels.fused_encoder` (on a CPU, in fp32/fp64, outside autocast, where it
+is built; elsewhere the eager form): the same parameters, the same arithmetic at fp32 rounding, the dropout masks
+from the kernel's own seeded stream.
 """
 
 from __future__ import annotations
@@ -11,12 +16,28 @@ from collections.abc import Callable
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.attention.base import Attention
 from models.dropout import Dropout
+from models.kernels import fused_encoder
 
 POOLINGS = ("mean", "mean_legacy", "cls")
+#: the values of `model.kernels`
+KERNELS = ("fused", "eager")
+#: what a config without `model.kernels` ran (written before the key existed): its checkpoints rebuild as they ran
+UNSET_KERNELS = "eager"
+
+
+def fused(kernels: str, x: torch.Tensor) -> bool:
+    """Whether a module with `model.kernels=kernels` runs `x`'s chain through the compiled kernel."""
+    return kernels == "fused" and fused_encoder.applies(x)
+
+
+def active_p(dropout: nn.Dropout) -> float:
+    """The dropout a fused call applies: the module's p in training, 0 in evaluation."""
+    return float(dropout.p) if dropout.training else 0.0
 
 
 class MultiHeadAttention(nn.Module):
@@ -53,21 +74,49 @@ class MultiHeadAttention(nn.Module):
         b, _, n, _ = ctx.shape
         return self.dropout(self.out(ctx.transpose(1, 2).reshape(b, n, -1)))
 
+    def unbiased_output(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The fused path's `forward` up to the output projection's bias (the caller adds it with the dropout and
+        the residual in one pass): the qkv bias and v's mask in the head split, the context's mask in the merge."""
+        q, k, v = fused_encoder.split_heads(F.linear(x, self.qkv.weight), self.qkv.bias, mask, self.num_heads)
+        ctx = self.attention(q, k, v, mask)
+        return F.linear(fused_encoder.merge_heads(ctx, mask), self.out.weight)
+
 
 class Block(nn.Module):
     """Pre-LN transformer block: x + Attn(LN(x)), then x + FFN(LN(x))."""
 
-    def __init__(self, dim: int, ffn_dim: int, attn: MultiHeadAttention, dropout: float) -> None:
+    def __init__(
+        self, dim: int, ffn_dim: int, attn: MultiHeadAttention, dropout: float, kernels: str = UNSET_KERNELS
+    ) -> None:
         super().__init__()
         self.norm1, self.attn = nn.LayerNorm(dim), attn
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(
             nn.Linear(dim, ffn_dim), nn.GELU(), Dropout(dropout), nn.Linear(ffn_dim, dim), Dropout(dropout)
         )
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if fused(self.kernels, x):
+            return self.fused_forward(x, mask)
         x = x + self.attn(self.norm1(x), mask)
         return x + self.ffn(self.norm2(x))
+
+    def fused_forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """`forward` through the compiled chain: each linear layer's bias joins the pass after its product (GELU and
+        dropout, or dropout and the residual add); the layer norms stay ATen's (already one vectorised pass)."""
+        attn = self.attn
+        fc1, drop1, fc2, drop2 = (
+            cast(nn.Linear, self.ffn[0]),
+            cast(nn.Dropout, self.ffn[2]),
+            cast(nn.Linear, self.ffn[3]),
+            cast(nn.Dropout, self.ffn[4]),
+        )
+        x = fused_encoder.bias_dropout_add(
+            x, attn.unbiased_output(self.norm1(x), mask), attn.out.bias, active_p(attn.dropout)
+        )
+        h = fused_encoder.bias_gelu_dropout(F.linear(self.norm2(x), fc1.weight), fc1.bias, active_p(drop1))
+        return fused_encoder.bias_dropout_add(x, F.linear(h, fc2.weight), fc2.bias, active_p(drop2))
 
 
 def pool(x: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
@@ -107,11 +156,14 @@ class Encoder(nn.Module):
         attention_factory: Callable[[int], Attention],
         dropout: float = 0.1,
         pooling: str = "mean",
+        kernels: str = UNSET_KERNELS,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"model.pooling={pooling!r}: expected one of {POOLINGS}")
-        self.pooling = pooling
+        if kernels not in KERNELS:
+            raise ValueError(f"model.kernels={kernels!r}: expected one of {KERNELS}")
+        self.pooling, self.kernels = pooling, kernels
         self.use_cls = pooling == "cls"
         total_len = self.total_length(seq_len, pooling)
         self.token_emb = nn.Embedding(vocab_size, dim)
@@ -124,6 +176,7 @@ class Encoder(nn.Module):
                 ffn_dim,
                 MultiHeadAttention(dim, num_heads, head_dim, attention_factory(total_len), dropout),
                 dropout,
+                kernels,
             )
             for _ in range(depth)
         )
@@ -140,6 +193,8 @@ class Encoder(nn.Module):
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
             if mask is not None:
                 mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
+        if fused(self.kernels, x):  # the position add and the dropout in one pass
+            return fused_encoder.bias_dropout_add(None, x, self.pos_emb.weight[: x.shape[1]], active_p(self.drop)), mask
         positions = torch.arange(x.shape[1], device=ids.device)
         return self.drop(x + self.pos_emb(positions)), mask
 

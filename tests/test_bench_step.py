@@ -63,6 +63,28 @@ def test_the_counted_flops_match_the_model_by_hand() -> None:
     assert bench_step.counted_flops(counter.get_flop_counts()["Global"]) == pytest.approx(expected)
 
 
+def test_the_kernel_paths_are_timed_round_robin_in_one_process() -> None:
+    """`--kernels fused eager`: each path of an attention is its own network (`model.kernels`, and `attn.kernel` where
+    the attention has it; a command-line override wins), and their steps alternate, so a load that changes while they
+    run falls on both rows alike."""
+    assert bench_step.kernel_overrides("nystrom", "fused") == ["model.kernels=fused"]
+    assert bench_step.kernel_overrides("full", "eager") == ["model.kernels=eager", "attn.kernel=eager"]
+    assert bench_step.kernel_overrides("full", None) == []
+    calls: list[tuple[str, int]] = []
+    times = bench_step._round_robin(
+        [lambda i: calls.append(("a", i)), lambda i: calls.append(("b", i))], 1, 2, torch.device("cpu")
+    )
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)] and [len(t) for t in times] == [2, 2]
+    setups = [
+        bench_step.prepare("listops", "full", "nystromformer", [*SMALL, "attn.kernel=fused"], kernel=k)
+        for k in ("fused", "eager")
+    ]
+    assert [(s.cfg.model.kernels, s.cfg.attn.kernel) for s in setups] == [("fused", "fused"), ("eager", "fused")]
+    rows = bench_step.time_side_by_side(setups, steps=1, warmup=0, eval_batches=1)
+    assert [r.attn for r in rows] == ["full (fused kernels)", "full (eager kernels)"]
+    assert rows[0].flops_step == rows[1].flops_step and rows[0].load_1m == rows[1].load_1m
+
+
 @pytest.mark.slow
 def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "step.json"

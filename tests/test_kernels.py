@@ -15,6 +15,7 @@ import pytest
 import torch
 from scipy import stats
 
+from models import kernels
 from models.attention.full import FullAttention, FullConfig
 from models.kernels import flash_attention
 
@@ -112,7 +113,7 @@ def test_full_attention_trains_through_the_kernel_and_is_seeded_by_torch() -> No
     torch.manual_seed(3)
     again = fused(q, k, v, keys)
     torch.manual_seed(3)
-    seed = flash_attention.draw_seed()
+    seed = kernels.draw_seed()
     assert torch.equal(first, again)
     assert torch.equal(first, flash_attention.flash_dropout_attention(q, k, v, keys, P, seed=seed))
     assert not torch.equal(first, fused(q, k, v, keys))  # a fresh mask on the next call

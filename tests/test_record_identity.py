@@ -281,7 +281,10 @@ def test_one_identity_for_the_leaderboard_and_compare() -> None:
     assert group_fingerprint(a) != group_fingerprint(b)
     assert differing_keys([identity_of(a), identity_of(b)]) == ["attn.name", "selector.name"]
     assert differing_keys([identity_of(a), identity_of(b)], ignore=(*METHOD_PREFIXES, *MEASUREMENT)) == []
-    assert identity_of({**a, "identity": {"attn.name": "x"}}) == {"attn.name": "x"}  # a written identity wins
+    written = identity_of({**a, "identity": {"attn.name": "x"}})
+    assert written == {"attn.name": "x", "model.kernels": "eager"}  # a written identity wins; its kernel baseline
+    fused = identity_of({**a, "identity": {"attn.name": "x", "model.kernels": "fused"}})
+    assert differing_keys([written, fused]) == ["model.kernels"]  # a reader labels the two paths by their values
     package = Path(__file__).resolve().parents[1] / "lra_bench"
     defined = [
         str(path.relative_to(package))

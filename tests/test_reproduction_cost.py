@@ -1,6 +1,6 @@
 """Accuracy against cost on docs/reproductions.md (`lra_bench.reproduction_cost`): the cost columns come only from
-runs on one machine (the one most runs share), accuracy from every completed seed, and the figure is drawn from
-the same rows."""
+runs on one machine and kernel path (the one most runs share), accuracy from every completed seed, and the figure
+is drawn from the same rows."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ ZEN5 = {"cpu": "AMD EPYC", "cpu_id": "family 26 model 2 stepping 1", "cpu_capabi
 XEON = {"cpu": "Intel Xeon", "cpu_id": "family 6 model 143", "cpu_capability": "AVX512", "cpu_count": 2}
 
 
-def _write(root: Path, attn: str, seed: int, acc: float, step_s: float, memory: float, hardware: dict) -> None:
+def _write(
+    root: Path, attn: str, seed: int, acc: float, step_s: float, memory: float, hardware: dict, fused: bool = False
+) -> None:
     folder = reproduce.evidence_dir("nystromformer", "listops", attn, seed, root)
     folder.mkdir(parents=True)
     record = _record(attn, seed, acc, step_s, memory) | {"env": {"hardware": hardware}}
+    if fused:  # the identity names a kernel path only off its eager baseline (lra_bench.record.identity)
+        record["identity"] = {**record.get("identity", {}), "model.kernels": "fused"}
     (folder / "results.json").write_text(json.dumps(record))
 
 
@@ -27,18 +31,19 @@ def test_cost_columns_come_from_one_machine_and_accuracy_from_every_seed(tmp_pat
     _write(root, "gpa", 0, 0.36, 0.78, 2600, ZEN5)
     _write(root, "gpa", 1, 0.37, 0.82, 2700, ZEN5)
     _write(root, "gpa", 2, 0.38, 0.40, 2650, XEON)  # faster machine: not in gpa's cost columns
+    _write(root, "gpa", 3, 0.37, 0.60, 2500, ZEN5, fused=True)  # same machine, other kernel path: not either
     _write(root, "nystrom", 0, 0.30, 0.97, 2900, ZEN5)
     _write(root, "linformer", 0, 0.35, 0.50, 2000, XEON)  # only on the other machine: no cost
     runs = reproductions.collect(root)
     rows, where = reproduction_cost.cost_rows(runs)
-    assert where == "AMD EPYC family 26 model 2 stepping 1 AVX512"
+    assert where == "AMD EPYC family 26 model 2 stepping 1 AVX512, model.kernels=eager"
     by = {r.attn: r for r in rows}
-    assert by["gpa"].seeds == 3 and abs(by["gpa"].accuracy - 37.0) < 1e-9
+    assert by["gpa"].seeds == 4 and abs(by["gpa"].accuracy - 37.0) < 1e-9
     assert by["gpa"].step_s == statistics.median([0.78, 0.82]) and by["gpa"].memory_mib == 2650
     assert by["gpa"].timed_runs == 2
     assert by["linformer"].step_s is None and by["linformer"].timed_runs == 0
     text = "\n".join(reproduction_cost.cost_section(runs, "cost.png"))
-    assert "| linformer | 35.00 | 1 | — (not run on this machine) |" in text
+    assert "| linformer | 35.00 | 1 | — (not run on this machine and path) |" in text
     assert "![accuracy against step time and peak memory](cost.png)" in text
     figure = reproduction_cost.plot_cost(runs, tmp_path / "cost.png")
     assert figure is not None and figure.stat().st_size > 0

@@ -170,7 +170,7 @@ def test_ctrl_c_under_tee_saves_even_though_the_pipe_died_and_the_record_tells_t
     The pipeline is built as a shell builds it: both processes in one process group of their own (the test, like an
     interactive shell, stays out of it); stdout is block-buffered, as it is for `python` without `-u`."""
     out = tmp_path / "outputs" / "listops" / "full" / "sig"
-    args = _args(tmp_path, "csv", "callbacks.progress_bar=status", "callbacks.status_every_s=0.01")  # a line a step
+    args = _args(tmp_path, "csv", "callbacks.progress_bar=status", "callbacks.status_every_s=1e-6")  # a line a step
     env = {**os.environ, **_env(tmp_path, "csv")}
     env.pop("PYTHONUNBUFFERED", None)
     cmd = [sys.executable, str(REPO / "run.py"), *args]

@@ -44,7 +44,8 @@ def _example_local_config(tmp_path: Path) -> list[str]:
 
 
 def _job_log(sweep: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted(sweep.glob(".submitit/*/*_log.out")))
+    """The submitit stdout and stderr logs of every job (a stop says its last line on stderr)."""
+    return "\n".join(p.read_text(errors="replace") for p in sorted(sweep.glob(".submitit/*/*_log.*")))
 
 
 @pytest.mark.timeout(900)
@@ -102,6 +103,8 @@ def test_scontrol_requeue_saves_at_the_signal_and_resumes_from_that_step(
     saved = STOPPED.findall(job_log)
     assert saved, f"no save at the signal:\n{job_log[-4000:]}"
     signal_step = int(saved[0][3])
+    command = saved[0][4].split()  # the job's own overrides into its folder, through the repository's run.py
+    assert command[:2] == ["python", str(REPO / "run.py")] and command[-1] == f"hydra.run.dir={out}", command
     assert VAL_EVERY < signal_step < 2 * VAL_EVERY, signal_step  # between two validations: not a periodic save
     record = results.read_record(out / results.FILENAME)
     assert record["status"] == "completed", (record["error"], job_log[-3000:])

@@ -97,10 +97,11 @@ def _send_usr2(job_id: str) -> None:
 
 
 def _job_log(cluster, sweep: Path, job_id: str) -> str:
-    """The submitit stdout log (all attempts) of the array task whose SLURM job id is `job_id`."""
+    """The submitit stdout and stderr logs (all attempts) of the array task whose SLURM job id is `job_id` (a stop
+    says its last line on stderr)."""
     info = cluster.job_info(job_id)[0]
     task = f"{info['ArrayJobId']}_{info['ArrayTaskId']}"
-    return "\n".join(p.read_text(errors="replace") for p in sorted((sweep / ".submitit" / task).glob("*_log.out")))
+    return "\n".join(p.read_text(errors="replace") for p in sorted((sweep / ".submitit" / task).glob("*_log.*")))
 
 
 @pytest.mark.timeout(900)

@@ -8,7 +8,8 @@ for the measurement so the yardstick is true fp32, like the attention runs.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import psutil
 import torch
@@ -16,34 +17,52 @@ import torch
 from lra_bench.bench.stats import summarize
 
 
-def matmul_rate(device: torch.device, size: int | str = "auto", repeats: int = 10, warmup: int = 3) -> dict[str, Any]:
-    """Median FLOP/s of `size`×`size` fp32 matmuls (2·size³ FLOPs each)."""
+class Yardstick(NamedTuple):
+    """One square fp32 matmul as a call (`call(i)`, synchronised on a GPU, TF32 off), its size and its FLOPs."""
+
+    call: Callable[[int], None]
+    size: int
+    flops: float
+
+
+def matmul_yardstick(device: torch.device, size: int | str = "auto") -> Yardstick:
+    """The yardstick matmul, for a caller that times it itself (`matmul_rate`; the step benchmark, between its
+    steps, so that the rate it reports was measured under the load the steps ran under)."""
     if size == "auto":
         size = 8192 if device.type == "cuda" else 2048
     size = int(size)
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device)
     b = torch.randn(size, size, generator=gen).to(device)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        times = []
-        for i in range(warmup + repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            s = time.perf_counter()
+
+    def call(_: int = 0) -> None:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
             torch.mm(a, b)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if i >= warmup:
-                times.append(time.perf_counter() - s)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+
+    return Yardstick(call, size, 2.0 * size**3)
+
+
+def matmul_rate(device: torch.device, size: int | str = "auto", repeats: int = 10, warmup: int = 3) -> dict[str, Any]:
+    """Median FLOP/s of `size`×`size` fp32 matmuls (2·size³ FLOPs each)."""
+    call, size, flops = matmul_yardstick(device, size)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    times = []
+    for i in range(warmup + repeats):
+        s = time.perf_counter()
+        call(i)
+        if i >= warmup:
+            times.append(time.perf_counter() - s)
     stats = summarize(times)
     median, fastest = stats["median"], stats["min"]
     if median is None or fastest is None:
         raise ValueError(f"matmul yardstick: repeats={repeats}, so nothing was timed (need ≥ 1)")
-    flops = 2.0 * size**3
     return {
         "size": size,
         "dtype": "float32",

@@ -11,7 +11,8 @@ reports
   SDPA: the work a limit can be computed for) — except a grouped convolution's backward, which torch's formula
   counts as a dense one (38 GFLOPs instead of 1.2 for the kernel-35 depthwise skip on V); it is counted as twice
   its forward (input and weight gradients) — and `limit_s`: those FLOPs at the machine's fp32 matmul rate,
-  measured in the same process (`lra_bench.bench.machine.matmul_rate`) — `step_s / limit_s` is how far the step is
+  measured in the same process between the steps (`lra_bench.bench.machine.matmul_yardstick` takes its turn in every
+  round, so under a changing load rate and steps see the same machine) — `step_s / limit_s` is how far the step is
   from that limit (1.0: every FLOP at the best matmul rate);
 * `protocol_h`: the projected wall time of the whole schedule — `max_steps` steps plus
   `max_steps / val_check_interval` evaluations of `limit_val_batches` batches (the test pass is left out: one pass).
@@ -19,6 +20,11 @@ reports
 Inputs are random tokens with each example's length drawn uniformly from the task's generated range (ListOps:
 500–2000 of 2048), so the padding mask is what the real data gives. Load matters on a shared machine: the report
 states the 1-minute load average before and after; compare runs only side by side in one invocation.
+`--kernels fused eager` times each attention on both paths in that one process: `model.kernels` (the encoder's
+compiled chain) and, for an attention that has a compiled core of its own, `attn.kernel` (an override on the command
+line wins: `attn.kernel=fused --attn full --kernels fused eager` compares the encoder's chain alone). The variants of
+one attention (its kernels, its dropouts) are timed round-robin, step by step, so a load that changes while they run
+falls on each of them alike.
 """
 
 from __future__ import annotations
@@ -168,20 +174,6 @@ def _network(cfg: Any, device: torch.device, dropout: str) -> torch.nn.Module:
     return model
 
 
-def _timed(call: Callable[[int], None], warmup: int, count: int, device: torch.device) -> list[float]:
-    """Wall-clock seconds of `call(i)` for i = warmup … warmup + count − 1, after `warmup` untimed calls, each
-    bracketed by a device sync (so a GPU's queued work is counted in the call that queued it)."""
-    times = []
-    for i in range(warmup + count):
-        sync(device)
-        start = time.perf_counter()
-        call(i)
-        sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return times
-
-
 def _optimizer(model: torch.nn.Module, cfg: Any) -> tuple[Any, Any]:
     """The protocol's AdamW and its learning-rate scheduler, as training builds them."""
     from lra_bench.run.module import adamw_with_schedule
@@ -200,6 +192,138 @@ def _protocol_hours(cfg: Any, step_s: float, eval_s: float) -> float:
     return (max_steps * step_s + evaluations * val_batches * eval_s) / 3600
 
 
+@dataclass
+class Setup:
+    """One row's network, optimizer and inputs, ready to step: what the timing loop calls."""
+
+    label: str
+    task: str
+    protocol: str
+    cfg: Any
+    device: torch.device
+    precision: str
+    batch_size: int
+    flops: float  # one step's, counted on an untimed first step
+    step: Callable[[int], None]  # the i-th training step (the two random batches alternate)
+    evaluate: Callable[[int], None]  # one evaluation batch (no grad)
+
+
+def prepare(
+    task: str,
+    attn: str,
+    protocol: str = "nystromformer",
+    extra: list[str] | None = None,
+    device: torch.device | None = None,
+    dropout: str = "packed",
+    kernel: str | None = None,
+) -> Setup:
+    """The faithful training step of `attn` on `task` under `protocol`, built and stepped once (its FLOPs counted);
+    see `time_protocol` for the arguments."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = protocol_config(task, attn, protocol, [*kernel_overrides(attn, kernel), *(extra or [])])  # extra wins
+    device = device or torch.device("cpu")
+    torch.manual_seed(int(cfg.seed))
+    model = _network(cfg, device, dropout)
+    optimizer, scheduler = _optimizer(model, cfg)
+    precision = str(cfg.trainer.get("precision", "32-true"))
+    batch_size = int(cfg.data.batch_size)
+    gen = torch.Generator().manual_seed(0)
+    batches = [{k: v.to(device) for k, v in random_batch(cfg, batch_size, gen).items()} for _ in range(2)]
+    eval_size = int(cfg.data.get("eval_batch_size") or batch_size)
+    eval_batch = {k: v.to(device) for k, v in random_batch(cfg, eval_size, gen).items()}
+
+    def step(i: int) -> None:
+        model.train()
+        batch = batches[i % 2]
+        with autocast(precision, device):
+            logits = model(batch)
+        loss = F.cross_entropy(logits.float(), batch["label"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+
+    def evaluate(_: int) -> None:
+        model.eval()
+        with torch.no_grad(), autocast(precision, device):
+            model(eval_batch)
+
+    count_cpu_sdpa()
+    with FlopCounterMode(display=False) as counter:
+        step(0)
+    label = attn + (f" ({dropout} dropout)" if dropout != "packed" else "") + (f" ({kernel} kernels)" * bool(kernel))
+    flops = counted_flops(counter.get_flop_counts()["Global"])
+    return Setup(label, task, protocol, cfg, device, precision, batch_size, flops, step, evaluate)
+
+
+def time_side_by_side(
+    setups: list[Setup], steps: int = 6, warmup: int = 2, eval_batches: int = 3, rate: float | None = None
+) -> list[StepTiming]:
+    """Time each setup's training step and evaluation batch round-robin — step i of every setup before step i + 1
+    of any — so that a change in the machine's load while they run falls on every row alike (the way to compare two
+    paths of one network on a shared machine). Without a given `rate`, the yardstick matmul takes its turn in every
+    round too, and the rows' limit is its median rate under the same load. Each row's load is the mean 1-minute load
+    average over the whole timing."""
+    from lra_bench.bench.machine import matmul_yardstick
+
+    device = setups[0].device
+    yardstick = None if rate is not None else matmul_yardstick(device)
+    load = os.getloadavg()[0]
+    times = _round_robin([s.step for s in setups] + ([yardstick.call] if yardstick else []), warmup, steps, device)
+    if yardstick is not None:
+        rate = yardstick.flops / statistics.median(times.pop())
+    eval_times = _round_robin([s.evaluate for s in setups], 1, eval_batches, device)
+    load = (load + os.getloadavg()[0]) / 2
+    assert rate is not None
+    return [_row(s, t, e, rate, load) for s, t, e in zip(setups, times, eval_times)]
+
+
+def _round_robin(
+    calls: list[Callable[[int], None]], warmup: int, count: int, device: torch.device
+) -> list[list[float]]:
+    """Wall-clock seconds of `calls[k](i)` for i = warmup … warmup + count − 1, after `warmup` untimed rounds, the
+    calls interleaved (round i calls each of them once), each bracketed by a device sync (so a GPU's queued work is
+    counted in the call that queued it)."""
+    times: list[list[float]] = [[] for _ in calls]
+    for i in range(warmup + count):
+        for k, call in enumerate(calls):
+            sync(device)
+            start = time.perf_counter()
+            call(i)
+            sync(device)
+            if i >= warmup:
+                times[k].append(time.perf_counter() - start)
+    return times
+
+
+def _row(setup: Setup, times: list[float], eval_times: list[float], rate: float, load: float) -> StepTiming:
+    """One setup's timings as a table row (medians, the steps' interquartile range, the projection)."""
+    cfg = setup.cfg
+    step_s, eval_s = statistics.median(times), statistics.median(eval_times)
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s, step_s, step_s]
+    return StepTiming(
+        attn=setup.label,
+        task=setup.task,
+        protocol=setup.protocol,
+        precision=setup.precision,
+        batch_size=setup.batch_size,
+        seq_len=int(cfg.task.seq_len),
+        step_s=step_s,
+        step_spread_s=q[2] - q[0],
+        steps_timed=len(times),
+        eval_batch_s=eval_s,
+        flops_step=setup.flops,
+        matmul_flops_per_s=rate,
+        limit_s=setup.flops / rate,
+        ratio=step_s / (setup.flops / rate),
+        protocol_h=_protocol_hours(cfg, step_s, eval_s),
+        threads=torch.get_num_threads(),
+        device=str(setup.device),
+        load_1m=load,
+    )
+
+
 def time_protocol(
     task: str,
     attn: str,
@@ -216,78 +340,21 @@ def time_protocol(
     """Time the faithful training step and an evaluation batch of `attn` on `task` under `protocol` (see the
     module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`); `dropout="native"`
     swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured); `kernel`
-    sets `attn.kernel` of an attention that has a compiled core (`kernel_choices`) and names it in the row."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from lra_bench.bench.machine import matmul_rate
-
-    cfg = protocol_config(task, attn, protocol, [*(extra or []), *([f"attn.kernel={kernel}"] if kernel else [])])
-    device = device or torch.device("cpu")
-    torch.manual_seed(int(cfg.seed))
-    model = _network(cfg, device, dropout)
-    optimizer, scheduler = _optimizer(model, cfg)
-    precision = str(cfg.trainer.get("precision", "32-true"))
-    batch_size = int(cfg.data.batch_size)
-    gen = torch.Generator().manual_seed(0)
-    batches = [{k: v.to(device) for k, v in random_batch(cfg, batch_size, gen).items()} for _ in range(2)]
-
-    def step(batch: dict[str, torch.Tensor]) -> None:
-        with autocast(precision, device):
-            logits = model(batch)
-        loss = F.cross_entropy(logits.float(), batch["label"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-
-    model.train()
-    count_cpu_sdpa()
-    with FlopCounterMode(display=False) as counter:
-        step(batches[0])
-    flops = counted_flops(counter.get_flop_counts()["Global"])
-    load = os.getloadavg()[0]
-    times = _timed(lambda i: step(batches[i % 2]), warmup, steps, device)
-    model.eval()
-    eval_size = int(cfg.data.get("eval_batch_size") or batch_size)
-    eval_batch = {k: v.to(device) for k, v in random_batch(cfg, eval_size, gen).items()}
-
-    def evaluate(_: int) -> None:
-        with autocast(precision, device):
-            model(eval_batch)
-
-    with torch.no_grad():
-        eval_times = _timed(evaluate, 1, eval_batches, device)
-    rate = rate or matmul_rate(device)["flops_per_s"]
-    step_s, eval_s = statistics.median(times), statistics.median(eval_times)
-    q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s, step_s, step_s]
-    return StepTiming(
-        attn=attn + (f" ({dropout} dropout)" if dropout != "packed" else "") + (f" ({kernel} kernel)" * bool(kernel)),
-        task=task,
-        protocol=protocol,
-        precision=precision,
-        batch_size=batch_size,
-        seq_len=int(cfg.task.seq_len),
-        step_s=step_s,
-        step_spread_s=q[2] - q[0],
-        steps_timed=len(times),
-        eval_batch_s=eval_s,
-        flops_step=flops,
-        matmul_flops_per_s=rate,
-        limit_s=flops / rate,
-        ratio=step_s / (flops / rate),
-        protocol_h=_protocol_hours(cfg, step_s, eval_s),
-        threads=torch.get_num_threads(),
-        device=str(device),
-        load_1m=(load + os.getloadavg()[0]) / 2,
-    )
+    sets `model.kernels` and, for an attention that has a compiled core, `attn.kernel` (`kernel_overrides`), and
+    names it in the row."""
+    setup = prepare(task, attn, protocol, extra, device, dropout, kernel)
+    return time_side_by_side([setup], steps, warmup, eval_batches, rate)[0]
 
 
-def kernel_choices(attn: str, kernels: list[str]) -> list[str | None]:
-    """The `attn.kernel` values to time `attn` with: `kernels` for an attention whose config has that knob (a
-    compiled core of its own, timed beside its eager form), one untagged row for every other."""
+def kernel_overrides(attn: str, kernel: str | None) -> list[str]:
+    """The overrides that run `attn` on the `kernel` path (`fused` or `eager`): the encoder's `model.kernels`, and
+    `attn.kernel` where the attention has a compiled core of its own; none for None (the config's choices)."""
     from lra_bench.registry import ATTENTIONS
 
-    return list(kernels) if "kernel" in {f.name for f in fields(ATTENTIONS.config(attn))} else [None]
+    if kernel is None:
+        return []
+    own = "kernel" in {f.name for f in fields(ATTENTIONS.config(attn))}
+    return [f"model.kernels={kernel}", *([f"attn.kernel={kernel}"] if own else [])]
 
 
 def markdown(rows: list[StepTiming]) -> list[str]:
@@ -347,39 +414,35 @@ def main(argv: list[str] | None = None) -> None:
         "--dropout", nargs="+", default=["packed"], choices=["packed", "native"], help="native: torch's nn.Dropout"
     )
     parser.add_argument(
-        "--kernels", nargs="+", default=["fused"], choices=["fused", "eager"], help="attn.kernel of a compiled core"
+        "--kernels",
+        nargs="+",
+        default=[None],
+        choices=["fused", "eager"],
+        help="one row per path: model.kernels (and attn.kernel where the attention has it); default: the config's",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here (results_doc --step)")
     parser.add_argument("--title", default=None, help="what the measurement is (the machine's state): for the doc")
     parser.add_argument("overrides", nargs="*", help="config overrides (any change makes the timing off-protocol)")
     args = parser.parse_args(argv)
     from lra_bench import runtime
-    from lra_bench.bench.machine import matmul_rate, resolve_device
+    from lra_bench.bench.machine import resolve_device
 
     runtime.set_threads(args.threads)
     device = resolve_device(args.device)
-    rate = matmul_rate(device)["flops_per_s"]
-    rows = [
-        time_protocol(
-            args.task,
-            a,
-            args.protocol,
-            [*args.overrides, f"trainer.precision={p}"],
-            args.steps,
-            args.warmup,
-            rate=rate,
-            device=device,
-            dropout=d,
-            kernel=k,
-        )
-        for a in args.attn
-        for p in args.precisions
-        for d in args.dropout
-        for k in kernel_choices(a, args.kernels)
-    ]
+    rows = []
+    for a in args.attn:
+        for p in args.precisions:  # the variants of one attention and precision, timed round-robin
+            extra = [*args.overrides, f"trainer.precision={p}"]
+            setups = [
+                prepare(args.task, a, args.protocol, extra, device, d, k) for d in args.dropout for k in args.kernels
+            ]
+            rows += time_side_by_side(setups, args.steps, args.warmup)
+            del setups  # their networks and optimizer states, before the next attention's are built
+    rates = sorted({r.matmul_flops_per_s / 1e9 for r in rows})
     conditions = (
-        f"{args.task}, protocol {args.protocol}, on {where(device)} — fp32 matmul rate {rate / 1e9:.1f} GFLOP/s, "
-        f"{torch.get_num_threads()} thread(s)"
+        f"{args.task}, protocol {args.protocol}, on {where(device)} — fp32 matmul rate {rates[0]:.1f}"
+        + (f"–{rates[-1]:.1f}" if len(rates) > 1 else "")
+        + f" GFLOP/s (measured between the steps), {torch.get_num_threads()} thread(s)"
     )
     print(conditions)
     print("\n".join(markdown(rows)))

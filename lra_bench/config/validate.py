@@ -111,11 +111,12 @@ def check_batch(cfg: DictConfig) -> None:
 
 
 def check_choices(cfg: DictConfig) -> None:
-    from models.encoder import POOLINGS  # here, not at the top: the CLI's --help / --cfg must not import torch
-    from models.heads import INTERACTIONS
+    from models.encoder import KERNELS, POOLINGS, UNSET_KERNELS  # here, not at the top: the CLI's --help / --cfg
+    from models.heads import INTERACTIONS  # must not import torch
 
     pairs = (
         ("model.pooling", cfg.model.pooling, POOLINGS),
+        ("model.kernels", cfg.model.get("kernels", UNSET_KERNELS), KERNELS),
         ("model.interaction", cfg.model.interaction, tuple(INTERACTIONS)),
         ("optim.schedule", cfg.optim.schedule, SCHEDULES),
         ("trainer.precision", str(cfg.trainer.precision), PRECISIONS),

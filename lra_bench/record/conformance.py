@@ -12,6 +12,8 @@ differs there is a deviation, except:
   sizes and quirks of the reference code's own attention, e.g. Skyformer's 128 landmarks). A run that changes one
   of those trains another network than the protocol's, so it is a deviation;
 * `seed` (a protocol runs several);
+* the kernel choices (`attn.kernel`, `model.kernels`: `lra_bench.record.identity.KERNEL_CHOICES`): the same network
+  computed another way, at fp32 rounding and with another dropout stream;
 * `diagnostics.*`: they measure the model on a probe (no gradients, RNG restored; see
   `lra_bench.diagnostics.callback`) and never change a trained weight or a test prediction;
 * the data part of the identity (`data.source`, `data.cache_key`): the protocol has no value for it;
@@ -32,6 +34,7 @@ from omegaconf import OmegaConf
 from lra_bench.config.plain import plain_dict
 from lra_bench.record.identity import (
     DATA_KEYS,
+    KERNEL_CHOICES,
     MEASUREMENT,
     config_identity,
     differing_keys,
@@ -40,7 +43,7 @@ from lra_bench.record.identity import (
 )
 
 #: identity prefixes a run may change and stay on its protocol (see the module docstring)
-METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", *MEASUREMENT, *DATA_KEYS)
+METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", *KERNEL_CHOICES, *MEASUREMENT, *DATA_KEYS)
 
 
 def derive_run_keys(cfg: Any) -> Any:

@@ -73,8 +73,15 @@ ARCHITECTURE: tuple[str, ...] = (
 )
 
 #: keys under `ARCHITECTURE` that choose how a component computes, not what its weights mean: they stay in the
-#: identity (they move results at fp32 rounding), but a checkpoint trained with one value loads under the other
-KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel",)
+#: identity (they move results at fp32 rounding, and `model.kernels` draws its dropout masks from another stream),
+#: but a checkpoint trained with one value loads under the other, and a run may choose either and stay on its
+#: protocol (`lra_bench.record.conformance`); each training segment records the values it ran with (`run.segments`)
+KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel", "model.kernels")
+
+#: the value of a kernel choice that every run made before the choice existed computed with. An identity leaves the
+#: choice out at this value, so those runs keep their fingerprints: an in-progress run resumes into its folder, and an
+#: older seed stays in its leaderboard row. Any other value enters the identity, and is another experiment.
+KERNEL_BASELINES: dict[str, str] = {"model.kernels": "eager"}
 
 
 def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -99,9 +106,14 @@ def is_logistics(key: str) -> bool:
 
 
 def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The identity part a resolved config gives: every flattened key except logistics, sorted."""
+    """The identity part a resolved config gives: every flattened key except logistics and a kernel choice at its
+    baseline (`KERNEL_BASELINES`), sorted."""
     flat = flatten(config)
-    return {k: flat[k] for k in sorted(flat) if not is_logistics(k)}
+    return {
+        k: flat[k]
+        for k in sorted(flat)
+        if not is_logistics(k) and not (k in KERNEL_BASELINES and flat[k] == KERNEL_BASELINES[k])
+    }
 
 
 #: where a record from before identities puts what it says of itself in its stand-in identity: the keys a resolved
@@ -119,15 +131,16 @@ STAND_IN_KEYS = {
 def identity_of(record: Mapping[str, Any]) -> dict[str, Any]:
     """A record's experiment identity — the one every reader (leaderboard, compare) groups and compares runs by. A
     record from before identities (schema 1, or hand-written) gets a stand-in: its resolved config's identity plus
-    what the record says of itself (`STAND_IN_KEYS`)."""
+    what the record says of itself (`STAND_IN_KEYS`). A kernel choice left out at its baseline reads as that value
+    (`KERNEL_BASELINES`), so a reader labels an eager run `model.kernels=eager` beside a fused one."""
     identity = record.get("identity")
     if isinstance(identity, Mapping) and identity:
-        return dict(identity)
+        return {**KERNEL_BASELINES, **identity}
     config = record.get("config")
     stand_in = config_identity(config) if isinstance(config, Mapping) else {}
     for key, dotted in STAND_IN_KEYS.items():
         stand_in.setdefault(dotted, record.get(key))
-    return stand_in
+    return {**KERNEL_BASELINES, **stand_in}
 
 
 def fingerprint(identity: Mapping[str, Any]) -> str:
@@ -186,6 +199,12 @@ def result_view(identity: Mapping[str, Any]) -> dict[str, Any]:
 def architecture(identity: Mapping[str, Any]) -> dict[str, Any]:
     """The `ARCHITECTURE` part of an identity (what a checkpoint's state dict depends on)."""
     return {k: v for k, v in identity.items() if under(k, ARCHITECTURE) and not under(k, KERNEL_CHOICES)}
+
+
+def kernel_choices(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The `KERNEL_CHOICES` part of an identity: how its components compute (what a training segment records). A
+    choice the identity leaves out is at its baseline, and reads as that."""
+    return {**KERNEL_BASELINES, **{k: v for k, v in identity.items() if under(k, KERNEL_CHOICES)}}
 
 
 def describe(identity: Mapping[str, Any], keys: Iterable[str], limit: int = 6) -> str:

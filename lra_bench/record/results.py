@@ -26,7 +26,7 @@ Schema (version 2) — every key is always present; unknown values are null:
     pretrain        {objective, mask_ratio, mask_id, loss, holdout_fraction, curve, best_val_acc, final} | null
                     (stage pretrain only)
     run             {name, output_dir, started_at, finished_at, wandb_id, resumed_from_step, resumed_from,
-                     planned_steps, segments: [{started_at, from_step, code}]}
+                     planned_steps, segments: [{started_at, from_step, code, kernels, saved_at, to_step}]}
     metrics         {val_acc, test_acc, test_loss, test_examples, best_step, train_steps, step_time_median_s,
                      tokens_per_s, peak_memory_mib, params, data_share, timed_steps, step_time_iqr_s,
                      load_avg_1m}      (the last three: how many steps the median is over, their interquartile

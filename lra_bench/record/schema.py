@@ -57,7 +57,7 @@ class RunInfo(Section):
     resumed_from_step: int | None = None
     resumed_from: str | None = None
     planned_steps: int | None = None
-    segments: list[dict[str, Any]] | None = None  # [{started_at, from_step, code}], one per attempt
+    segments: list[dict[str, Any]] | None = None  # [{started_at, from_step, code, kernels}], one per attempt
 
 
 @dataclass

@@ -8,7 +8,8 @@ Every checkpoint the harness writes carries, under the top-level key `lra_bench`
     identity     the run's identity (flat dict)
     config       the run's resolved config (what `python -m lra_bench.evaluate` rebuilds the model from)
     code         {commit, dirty} of the segment that wrote it
-    segments     [{started_at, from_step, code}] one per process that trained this run so far
+    segments     [{started_at, from_step, code, kernels}] one per process that trained this run so far (`kernels`:
+                 the kernel choices it ran with, `attn.kernel` / `model.kernels`, so a resume on the other path shows)
 
 Before a checkpoint is used (resumed, or tested by the eval entry), `check_fits` refuses with one line a file that
 does not load, or one made by another model: its `ARCHITECTURE` keys (task shape, model, attention, selector) differ
@@ -27,7 +28,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench.errors import ConfigError
 from lra_bench.record.builder import now
-from lra_bench.record.identity import architecture, describe, differing_keys
+from lra_bench.record.identity import architecture, describe, differing_keys, kernel_choices
 from lra_bench.record.provenance import code_label
 from lra_bench.run import checkpointing
 
@@ -37,8 +38,9 @@ META_FORMAT = "lra-bench/checkpoint-meta/1"
 
 class IdentityStamp(pl.Callback):
     """Writes the run's identity into every checkpoint and keeps the list of training segments: each attempt's
-    start (`started_at`, `from_step`, `code`) and, at every checkpoint it saves, how far it got (`saved_at`,
-    `to_step`) — so the wall time that made the weights is known even for an attempt that was killed."""
+    start (`started_at`, `from_step`, `code`, and the `kernels` it computes with: a checkpoint resumes under the
+    other kernel choice, `lra_bench.record.identity.KERNEL_CHOICES`) and, at every checkpoint it saves, how far it got
+    (`saved_at`, `to_step`) — so the wall time that made the weights is known even for an attempt that was killed."""
 
     def __init__(self, identity: dict[str, Any], fingerprint: str, config: dict[str, Any], code: dict) -> None:
         self.identity, self.fingerprint, self.config, self.code = identity, fingerprint, config, code
@@ -55,7 +57,14 @@ class IdentityStamp(pl.Callback):
         self.segments = list(state_dict.get("segments", []))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.segments.append({"started_at": now(), "from_step": int(trainer.global_step), "code": self.code})
+        self.segments.append(
+            {
+                "started_at": now(),
+                "from_step": int(trainer.global_step),
+                "code": self.code,
+                "kernels": kernel_choices(self.identity),
+            }
+        )
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if self.segments:  # how far this attempt got, and when: a segment's wall time is saved_at − started_at

@@ -226,11 +226,14 @@ def resume_command(cfg: DictConfig, output_dir: Path) -> str:
     The command line as typed, when typing it again lands here and resumes: a single run (not a sweep's job) with
     `ckpt_path=last` and a folder name the command fixes. Otherwise (a sweep's job; a `run_name` drawn from the clock,
     as `experiment=demo`'s; another `ckpt_path`) this job's overrides with `hydra.run.dir=` this folder, where the
-    default `ckpt_path=last` resumes."""
+    default `ckpt_path=last` resumes. The program is `run.py` as typed, or the repository's own where this process
+    was not started as it (a SLURM job's is submitit's `_submit.py`)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    program = sys.argv[0] if sys.argv[0].endswith(".py") else "run.py"
+    from lra_bench.reproduce import REPO
+
+    program = sys.argv[0] if Path(sys.argv[0]).name == "run.py" else str(REPO / "run.py")
     if not HydraConfig.initialized():
         return shlex.join(["python", program, *sys.argv[1:]])
     hydra = HydraConfig.get()

@@ -7,12 +7,16 @@ capability (`LRA_BENCH_KERNEL_CACHE`, default `~/.cache/lra-bench/kernels`), so 
 (about a minute) and every later one loads. The sources never use `-march=native`: their vector loops are compiled
 for AVX-512, AVX2 and a baseline and picked at load time, so a cache on a shared file system serves every node.
 
+The sources share headers (`*.h` beside them: the hashed dropout mask, the argument check); their digest is one of
+the build's flags, so a changed header rebuilds every kernel (torch's extension loader hashes only the sources).
+
 A machine that cannot build them (no compiler, no headers) gets `None` from `load` and one line on stderr; callers
 then run their eager form.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import sys
@@ -24,12 +28,32 @@ import torch
 
 SOURCES = Path(__file__).parent
 
+#: a kernel's own compiler flags. `-fno-trapping-math` lets GCC turn a floating-point compare-and-select into a
+#: vector blend (otherwise it keeps a branch, for a trap torch never enables) — GELU's sign and range selects, the
+#: dropout factor on AVX2 — which also lets it contract a multiply and an add around the select into one FMA
+#: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had
+FLAGS: dict[str, tuple[str, ...]] = {"fused_encoder": ("-fno-trapping-math",)}
+
 
 def cache_dir() -> Path:
     """The build folder of this torch, Python and CPU capability."""
     root = Path(os.environ.get("LRA_BENCH_KERNEL_CACHE", Path.home() / ".cache" / "lra-bench" / "kernels"))
     tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
     return root / f"{tag}-{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}".replace("+", "_")
+
+
+def headers_digest() -> str:
+    """A digest of the shared headers, passed as a compiler flag so that changing one rebuilds the kernels."""
+    digest = hashlib.sha256()
+    for header in sorted(SOURCES.glob("*.h")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def draw_seed() -> int:
+    """One seed for one call's in-kernel dropout mask, from torch's default CPU generator (so a run's masks follow
+    its seed, and a resume, which restores that generator, draws the same ones)."""
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 
 @cache
@@ -45,7 +69,7 @@ def load(name: str) -> ModuleType | None:
             name=f"lra_bench_{name}",
             sources=[str(SOURCES / f"{name}.cpp")],
             build_directory=str(build),
-            extra_cflags=["-O3"],
+            extra_cflags=["-O3", *FLAGS.get(name, ()), f"-DLRA_BENCH_HEADERS={headers_digest()}"],
             verbose=False,
         )
     except (OSError, RuntimeError, ImportError) as err:

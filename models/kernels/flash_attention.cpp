@@ -23,47 +23,21 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
-#include <utility>
 #include <vector>
+
+#include "hash_dropout.h"
+#include "kernel_args.h"
 
 namespace {
 
+using lra::check;
+using lra::drop_row;
+using lra::drop_threshold;
+using lra::keep_scale;
+using lra::kept;
+using lra::row_key;
+
 constexpr int64_t kQueryBlock = 128;  // query rows per block: 128 x 2048 fp32 scores = 1 MiB
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LRA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define LRA_CLONES
-#endif
-
-// murmur3's 32-bit finaliser: a bijection with full avalanche, so consecutive counters give independent bits
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x85ebca6bu;
-  x ^= x >> 13;
-  x *= 0xc2b2ae35u;
-  x ^= x >> 16;
-  return x;
-}
-
-// the key of one row of one (batch, head): every element's bits are mix32(row_key + column * golden)
-inline uint32_t row_key(uint64_t seed, int64_t bh, int64_t row, int64_t rows) {
-  const uint64_t counter = static_cast<uint64_t>(bh) * static_cast<uint64_t>(rows) + static_cast<uint64_t>(row);
-  uint32_t key = mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9u));
-  key = mix32(key ^ static_cast<uint32_t>(counter));
-  return mix32(key + static_cast<uint32_t>(counter >> 32) * 0x85ebca6bu);
-}
-
-inline bool kept(uint32_t key, int64_t column, uint32_t threshold) {
-  return mix32(key + static_cast<uint32_t>(column) * 0x9e3779b9u) >= threshold;
-}
-
-template <typename T>
-inline __attribute__((always_inline)) void drop_row_impl(const T* p, T* out, int64_t n, uint32_t key,
-                                                           uint32_t threshold, T scale) {
-  for (int64_t j = 0; j < n; ++j) out[j] = kept(key, j, threshold) ? p[j] * scale : T(0);
-}
 
 // dS = P * (dPdrop * keep * scale - D)
 template <typename T>
@@ -72,12 +46,6 @@ inline __attribute__((always_inline)) void grad_row_impl(const T* p, const T* dp
   for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * ((kept(key, j, threshold) ? dpdrop[j] * scale : T(0)) - d);
 }
 
-LRA_CLONES void drop_row(const float* p, float* out, int64_t n, uint32_t key, uint32_t threshold, float scale) {
-  drop_row_impl(p, out, n, key, threshold, scale);
-}
-LRA_CLONES void drop_row(const double* p, double* out, int64_t n, uint32_t key, uint32_t threshold, double scale) {
-  drop_row_impl(p, out, n, key, threshold, scale);
-}
 LRA_CLONES void grad_row(const float* p, const float* dpdrop, float* ds, int64_t n, uint32_t key,
                          uint32_t threshold, float scale, float d) {
   grad_row_impl(p, dpdrop, ds, n, key, threshold, scale, d);
@@ -108,22 +76,6 @@ void apply_dropout(at::Tensor& probs, at::Tensor& out, uint64_t seed, int64_t bh
     drop_row(probs.data_ptr<T>() + i * n, out.data_ptr<T>() + i * n, n, row_key(seed, bh, row0 + i, rows),
              threshold, static_cast<T>(scale));
 }
-
-// every argument a CPU tensor, contiguous, fp32 or fp64 (named in the error)
-void check(std::initializer_list<std::pair<const at::Tensor*, const char*>> args) {
-  for (const auto& [t, name] : args) {
-    TORCH_CHECK(t->device().is_cpu(), name, " must be a CPU tensor");
-    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
-    TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, name, " must be float32 or float64");
-  }
-}
-
-uint32_t drop_threshold(double p) {
-  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout must be in [0, 1), got ", p);
-  return static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
-}
-
-double keep_scale(uint32_t threshold) { return 4294967296.0 / (4294967296.0 - static_cast<double>(threshold)); }
 
 }  // namespace
 
@@ -252,13 +204,8 @@ std::vector<at::Tensor> lse_backward(const at::Tensor& grad, const at::Tensor& q
 
 // The kernel's keep mask of rows [0, n) x columns [0, m) of one (batch, head), for tests against the materialised form.
 at::Tensor keep_mask(int64_t seed, int64_t bh, int64_t n, int64_t m, double p) {
-  const uint32_t threshold = drop_threshold(p);
   auto mask = at::empty({n, m}, at::kBool);
-  auto* data = mask.data_ptr<bool>();
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t key = row_key(static_cast<uint64_t>(seed), bh, i, n);
-    for (int64_t j = 0; j < m; ++j) data[i * m + j] = kept(key, j, threshold);
-  }
+  lra::fill_keep_mask(mask.data_ptr<bool>(), static_cast<uint64_t>(seed), bh, n, m, p);
   return mask;
 }
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from models import kernels
-from models.kernels import load
+from models.kernels import draw_seed, load
 
 
 def kernel() -> ModuleType | None:
@@ -29,11 +29,6 @@ def kernel() -> ModuleType | None:
 def built() -> ModuleType:
     """The compiled module, for a caller that checked `kernel()` first."""
     return kernels.built("flash_attention")
-
-
-def draw_seed() -> int:
-    """One seed for one call's mask, from torch's default CPU generator."""
-    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 
 class FlashDropoutAttention(torch.autograd.Function):

@@ -14,7 +14,11 @@
 
 #include <cmath>
 
+#include "kernel_args.h"
+
 namespace {
+
+using lra::check;
 
 template <typename T>
 void forward_rows(const T* x, T* phi, int64_t rows, int64_t d, int64_t f) {
@@ -56,12 +60,6 @@ void backward_rows(const T* x, const T* g, T* dx, int64_t rows, int64_t d, int64
       }
     }
   });
-}
-
-void check(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name, " must be float32 or float64");
 }
 
 }  // namespace

@@ -54,6 +54,33 @@ def broadcast_mask(mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
     return mask[:, None, :].to(device=q.device, dtype=torch.bool)
 
 
+#: sequences per group in `length_groups`: few enough that a group's pivot state stays in cache, many enough that
+#: the per-step Python overhead of a greedy pivot loop (one call per group) stays small
+LENGTH_GROUP = 8
+
+
+def length_groups(eligible: torch.Tensor, minimum: int = 1, size: int = LENGTH_GROUP) -> list[tuple[torch.Tensor, int]]:
+    """Batch rows grouped by extent, for a pivot loop that runs per group on the leading columns only.
+
+    `eligible [B, H, N]` bool (the positions a pivot may take). A row's extent is its last eligible position + 1;
+    rows are sorted by extent (stably) into groups of `size`, each with its width: the group's largest extent,
+    at least `min(minimum, N)` (a loop of `minimum` steps sees as many columns as on the full width). Returns
+    `(batch rows, width)` pairs. Why: the greedy pivot loops (`rpcholesky`, `greedy_pivots`) re-read an N-wide
+    state at each of their m steps, and trailing padding — about 40% of ListOps' columns — is never eligible;
+    a pivot loop that drops only ineligible columns at the end computes the same pivots.
+    """
+    b, n = eligible.shape[0], eligible.shape[-1]
+    pos = torch.arange(1, n + 1, device=eligible.device)
+    extent = (eligible.reshape(b, -1, n) * pos).amax(dim=(1, 2)).cpu()  # 0 where nothing is eligible
+    order = extent.argsort(stable=True)
+    floor = max(1, min(int(minimum), n))
+    groups = []
+    for start in range(0, b, size):
+        rows = order[start : start + size]
+        groups.append((rows.to(eligible.device), max(floor, int(extent[rows].max()))))
+    return groups
+
+
 def cluster_means(
     x: torch.Tensor, assignment: torch.Tensor, mask: torch.Tensor, m: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
