@@ -12,6 +12,7 @@ tests/test_slurm_signals.py):
 * A second Ctrl-C stops the step at once (`KeyboardInterrupt`): the last checkpoint written stays the resume point.
   Anywhere else — a save under way, the run already stopping outside a loop, or `close()`d: writing its record and
   exiting — a further signal is told and changes nothing, so no traceback cuts the record or the last line short.
+  Once the last line is said (`stopped_line`), a further signal is ignored without a word: that line stays last.
 * Outside a loop (building the data, the model) a signal stops at once with `SignalStop`: there is no step to finish.
 * However and whenever it stopped, the run's last line (`stopped_line`) says the step the checkpoint on disk holds
   and the command that resumes from it.
@@ -75,6 +76,7 @@ class StopSignals(pl.Callback):
         self.count = 0
         self.trainer: pl.Trainer | None = None
         self.closing = False  # `close()`: the run writes its record and exits; a signal can only be told
+        self.last_said = False  # `stopped_line` was made: the run's last line is out, a signal is then ignored
         self._previous: dict[int, Any] = {}
 
     # -- installation ------------------------------------------------------------------------------------------
@@ -107,7 +109,8 @@ class StopSignals(pl.Callback):
         self.count += 1
         name = signal.Signals(signum).name
         if self.closing:
-            tell(f"[lra-bench] {name}: the run is writing its record and exiting")
+            if not self.last_said:
+                tell(f"[lra-bench] {name}: the run is writing its record and exiting")
             return
         first = self.received is None
         if first:
@@ -168,6 +171,7 @@ class StopSignals(pl.Callback):
         name = signal.Signals(self.received).name if self.received else "a signal"
         where = f" at step {step}" if step is not None else " before training"
         found = self.saved()
+        self.last_said = True  # the caller says it now: a later signal must not print after it
         if found is None:
             return f"[lra-bench] stopped by {name}{where}: nothing saved; to start again from step 0: {resume}"
         return f"[lra-bench] stopped by {name}{where}: saved {found[0]} at step {found[1]}; to resume: {resume}"
