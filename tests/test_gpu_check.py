@@ -190,6 +190,11 @@ def test_every_gpu_only_command_composes_before_gpu_time_is_spent() -> None:
     assert list(budgets)[:4] == ["wheels", "env", "listops_data", "listops_train"] and len(budgets) == 11
     assert sum(b for b, side in budgets.values() if not side) == total <= 9 * 60
     assert sum(b for b, side in budgets.values() if side) <= budgets["listops_train"][0]
+    # the gpu_tests stage collects one file (the whole suite took longer than its budget): every CUDA test is there
+    assert commands["gpu_tests"][-3:] == ["-m", "gpu", "tests/test_gpu.py"]
+    tests = (p for p in (REPO / "tests").glob("test_*.py") if p.name != Path(__file__).name)
+    marked = {p.name for p in tests if "pytest.mark.gpu" in p.read_text()}
+    assert marked == {"test_gpu.py"}, f"CUDA tests outside tests/test_gpu.py, which the GPU check never runs: {marked}"
 
 
 def tiny_check(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:

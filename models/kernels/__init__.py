@@ -10,6 +10,12 @@ for AVX-512, AVX2 and a baseline and picked at load time, so a cache on a shared
 The sources share headers (`*.h` beside them: the hashed dropout mask, the argument check); their digest is one of
 the build's flags, so a changed header rebuilds every kernel (torch's extension loader hashes only the sources).
 
+Builds of one kernel are serialised by a lock the system drops with its holder (`filelock`'s flock), not only by
+torch's own: torch's loader marks a build with a `lock` file it removes when the build ends, so a build that was
+killed (a Ctrl-C during `make install`, a session ended mid-compile) leaves one behind and every later load waits on it
+forever — what ended a CI run at its time limit. Under the held flock no build of ours is running, so a `lock` file
+found there is such a leftover and is removed first.
+
 A machine that cannot build them (no compiler, no headers) gets `None` from `load` and one line on stderr; callers
 then run their eager form.
 """
@@ -25,6 +31,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from filelock import FileLock
 
 SOURCES = Path(__file__).parent
 
@@ -33,6 +40,9 @@ SOURCES = Path(__file__).parent
 #: dropout factor on AVX2 — which also lets it contract a multiply and an add around the select into one FMA
 #: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had
 FLAGS: dict[str, tuple[str, ...]] = {"fused_encoder": ("-fno-trapping-math",)}
+
+#: the file torch's extension loader creates in the build folder while it builds, and waits on while it exists
+TORCH_BUILD_MARK = "lock"
 
 
 def cache_dir() -> Path:
@@ -65,13 +75,15 @@ def load(name: str) -> ModuleType | None:
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
     try:
-        return cpp_extension.load(
-            name=f"lra_bench_{name}",
-            sources=[str(SOURCES / f"{name}.cpp")],
-            build_directory=str(build),
-            extra_cflags=["-O3", *FLAGS.get(name, ()), f"-DLRA_BENCH_HEADERS={headers_digest()}"],
-            verbose=False,
-        )
+        with FileLock(build / "build.flock"):
+            (build / TORCH_BUILD_MARK).unlink(missing_ok=True)  # a killed build's: see the module's docstring
+            return cpp_extension.load(
+                name=f"lra_bench_{name}",
+                sources=[str(SOURCES / f"{name}.cpp")],
+                build_directory=str(build),
+                extra_cflags=["-O3", *FLAGS.get(name, ()), f"-DLRA_BENCH_HEADERS={headers_digest()}"],
+                verbose=False,
+            )
     except (OSError, RuntimeError, ImportError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"[lra-bench] kernel {name!r} could not be built ({first}); running the eager form", file=sys.stderr)
