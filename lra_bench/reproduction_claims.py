@@ -216,7 +216,7 @@ def locality_claim(runs: Sequence[Run]) -> list[str]:
     result = paired(local, full)
     if result is None or result.n_seeds < MIN_SEEDS:
         return [*lines, _waiting("local", EXACT, local, full), ""]
-    windows = {(r.record.get("config") or {}).get("attn", {}).get("window") for r in local}
+    windows = {r.typed.config_at("attn.window") for r in local}
     share = statistics.fmean(r.test_acc or 0.0 for r in local) / statistics.fmean(r.test_acc or 0.0 for r in full)
     return [
         *lines,

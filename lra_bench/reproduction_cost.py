@@ -59,15 +59,15 @@ def cost_rows(runs: Sequence[Run]) -> tuple[list[CostRow], str | None]:
     for attn, mine in done.items():
         accs = [100 * float(r.test_acc or 0.0) for r in mine]
         timed = [r for r in mine if r.timing == where]
-        metrics = [r.record.get("metrics") or {} for r in timed]
+        metrics = [r.typed.metrics for r in timed]
         rows.append(
             CostRow(
                 attn,
                 statistics.fmean(accs),
                 reproduction_interval(accs),
                 len(accs),
-                _median([m.get("step_time_median_s") for m in metrics]),
-                _median([m.get("peak_memory_mib") for m in metrics]),
+                _median([m.step_time_median_s for m in metrics]),
+                _median([m.peak_memory_mib for m in metrics]),
                 len(timed),
             )
         )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lra_bench.record import reader
 from lra_bench.record.identity import identity_of
 from lra_bench.reproduce import EVIDENCE_ROOT, IN_PROGRESS
 
@@ -37,9 +38,14 @@ class Run:
     variant: str | None = None  # the record's `variant` (or its variants/<name>/ folder's); None: the protocol's
 
     @property
+    def typed(self) -> reader.ReadRecord:
+        """The record as the schema's types, read afresh (the page's tests change `record` in place)."""
+        return reader.typed(self.record)
+
+    @property
     def origin(self) -> str:
         """The data the run trained and tested on: `generated`, `official`, or `unrecorded` (`data.origin`)."""
-        origin = (self.record.get("data") or {}).get("origin")
+        origin = self.typed.data.get("origin")
         return str(origin.get("kind")) if isinstance(origin, dict) and origin.get("kind") else "unrecorded"
 
     @property
@@ -51,7 +57,7 @@ class Run:
     @property
     def machine(self) -> str:
         """The CPU the run was timed on (`machine_of` its record's hardware)."""
-        return machine_of((self.record.get("env") or {}).get("hardware") or {})
+        return machine_of(self.typed.env_part("hardware"))
 
     @property
     def timing(self) -> str:
@@ -65,20 +71,20 @@ class Run:
 
     @property
     def steps(self) -> int:
-        done = self.record["metrics"].get("train_steps")
+        done = self.typed.metrics.train_steps
         if done is not None:
             return int(done)
         return self.checkpoint_step if self.checkpoint_step is not None else max((s for s, _ in self.curve), default=0)
 
     @property
     def test_acc(self) -> float | None:
-        value = self.record["metrics"].get("test_acc")
+        value = self.typed.metrics.test_acc
         return float(value) if value is not None else None
 
     @property
     def prior(self) -> float | None:
         """The validation set's majority-class share (None where the record does not give it)."""
-        value = (self.record.get("data") or {}).get("majority_share")
+        value = self.typed.data.get("majority_share")
         return float(value) if value is not None else None
 
     def left_prior_at(self) -> int | None:
@@ -93,7 +99,7 @@ class Run:
         (`saved_at`), the last one to the record's end — plus the test of a completed run; and whether every
         segment's end is known (segments written before `saved_at` existed are left out: the time between two
         attempts is no attempt's)."""
-        segments, finished = self.segments, self.record["run"].get("finished_at")
+        segments, finished = self.segments, self.typed.run.finished_at
         total, known = 0.0, True
         for i, seg in enumerate(segments):
             last = i + 1 == len(segments)
@@ -121,7 +127,7 @@ def recorded_run(seed_dir: Path, folder: Path, variant: str | None = None) -> Ru
     record = json.loads((folder / "results.json").read_text())
     run = Run(protocol, task, attn, int(seed_dir.name.split("-")[1]), record, folder)
     run.variant = record.get("variant") or variant
-    run.segments = record["run"].get("segments") or []
+    run.segments = run.typed.run.segments or []
     return run
 
 

@@ -266,15 +266,15 @@ def runs_table(runs: list[Run]) -> list[str]:
         return ["No runs yet."]
     body = []
     for r in runs:
-        metrics, env = r.record["metrics"], r.record.get("env") or {}
-        planned = r.record["run"].get("planned_steps")
+        read = r.typed
+        metrics, planned = read.metrics, read.run.planned_steps
         best_val = max(r.curve, key=lambda p: p[1]) if r.curve else None
         best = (
-            f"{_pct(metrics.get('val_acc'))} ({metrics.get('best_step')})"
+            f"{_pct(metrics.val_acc)} ({metrics.best_step})"
             if r.completed
             else (f"{_pct(best_val[1])} ({best_val[0]})" if best_val else "—")
         )
-        hardware, runtime = env.get("hardware") or {}, env.get("runtime") or {}
+        hardware, runtime = read.env_part("hardware"), read.env_part("runtime")
         unit = f", {hardware['cpu_capability']}" if hardware.get("cpu_capability") else ""  # not in older records
         cpus = f"{hardware.get('cpu_count', '?')} CPUs{unit}"
         machine = f"{hardware.get('cpu', '?')} ({cpus}), {runtime.get('threads', '?')}"
@@ -288,7 +288,7 @@ def runs_table(runs: list[Run]) -> list[str]:
                 _pct(r.test_acc),
                 best,
                 r.left_prior_at() or "not yet",
-                r.record["config"]["trainer"].get("precision"),
+                read.config_at("trainer.precision"),
                 _wall(r),
                 machine,
                 on,

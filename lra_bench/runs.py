@@ -33,6 +33,7 @@ from rich.table import Table
 
 from lra_bench.leaderboard.aggregate import find_results, load_records
 from lra_bench.record.identity import LOGISTICS
+from lra_bench.record.reader import lookup, typed
 from lra_bench.reports.terminal import table_console
 from lra_bench.run.curves import read_metrics
 from lra_bench.run.lock import is_held
@@ -72,11 +73,11 @@ def status_of(record: dict[str, Any], run_dir: Path) -> str:
 
 def step_of(record: dict[str, Any], run_dir: Path) -> str:
     """`reached/planned`: the record's steps when it finished, else the last step in the run's CSV log."""
-    metrics, run = record.get("metrics") or {}, record.get("run") or {}
-    planned = run.get("planned_steps") or ((record.get("config") or {}).get("trainer") or {}).get("max_steps")
-    if record.get("evaluation"):
-        return f"ckpt {record['evaluation'].get('checkpoint_step')}"
-    reached = metrics.get("train_steps")
+    read = typed(record)
+    planned = read.run.planned_steps or read.config_at("trainer.max_steps")
+    if read.evaluation:
+        return f"ckpt {read.evaluation.get('checkpoint_step')}"
+    reached = read.metrics.train_steps
     if reached is None:
         logged = read_metrics(run_dir)
         reached = int(logged["step"].max()) if logged is not None and not logged.empty else 0
@@ -92,9 +93,9 @@ def shown_path(path: Path) -> str:
 def started_of(record: dict[str, Any]) -> dt.datetime | None:
     """When the run first started: the earliest of its record's `run.started_at` and its attempts' starts (a resumed
     run's record carries the start of the attempt that wrote it; its first segment says when the run began)."""
-    run = record.get("run") or {}
-    segments = [seg for seg in run.get("segments") or [] if isinstance(seg, dict)]
-    stamps = [run.get("started_at"), *(seg.get("started_at") for seg in segments)]
+    run = typed(record).run
+    segments = [seg for seg in run.segments or [] if isinstance(seg, dict)]
+    stamps = [run.started_at, *(seg.get("started_at") for seg in segments)]
     times = []
     for stamp in stamps:
         try:
@@ -116,31 +117,21 @@ def _percent(value: Any) -> str:
 
 def row_of(record: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(record["_path"]).parent
-    metrics = record.get("metrics") or {}
-    started = started_of(record)
+    read, started = typed(record), started_of(record)
     return {
         "status": status_of(record, run_dir),
         "task": str(record.get("task")),
         "attn": str(record.get("attn")) + (f"/{record['selector']}" if record.get("selector") else ""),
         "overrides": " ".join(overrides_of(run_dir)),
-        "val": _percent(metrics.get("val_acc")),
-        "test": _percent(metrics.get("test_acc")),
+        "val": _percent(read.metrics.val_acc),
+        "test": _percent(read.metrics.test_acc),
         "step": step_of(record, run_dir),
         "started": (started.timestamp() if started else float("-inf")),  # sorts a run of unknown start first
         "when": _when(started),
         "run_dir": run_dir,
         "path": shown_path(run_dir),
-        "config": record.get("config") or {},
+        "config": read.config,
     }
-
-
-def _lookup(config: dict[str, Any], dotted: str) -> Any:
-    value: Any = config
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
 
 
 def matches(row: dict[str, Any], args: argparse.Namespace) -> bool:
@@ -152,7 +143,7 @@ def matches(row: dict[str, Any], args: argparse.Namespace) -> bool:
         return False
     for condition in args.where:
         key, _, wanted = condition.partition("=")
-        if str(_lookup(row["config"], key)) != wanted:
+        if str(lookup(row["config"], key)) != wanted:
             return False
     return True
 

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.record.reader import typed
+
 
 @dataclass
 class Instance:
@@ -55,9 +57,10 @@ def run_metrics(ckpt: Path) -> dict[str, Any]:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    read = typed(record)
     return {
-        "run_val_acc": (record.get("metrics") or {}).get("val_acc"),
-        "run_majority_share": (record.get("data") or {}).get("majority_share"),
+        "run_val_acc": read.metrics.val_acc,
+        "run_majority_share": read.data.get("majority_share"),
         "run_status": record.get("status"),
     }
 

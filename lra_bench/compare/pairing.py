@@ -25,6 +25,8 @@ from lra_bench.compare.sides import CompareError, Side
 from lra_bench.leaderboard.aggregate import task_order
 from lra_bench.record import predictions
 from lra_bench.record.identity import MEASUREMENT, differing_keys, identity_of, under
+from lra_bench.record.reader import typed
+from lra_bench.record.schema import Metrics
 from lra_bench.stats.paired import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
@@ -116,7 +118,7 @@ def seed_outcome(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any], notes:
             )
             raise CompareError(f"test predictions are not on the same test examples ({what}): {pa} and {pb}")
         for rec, pred, path in ((rec_a, a, pa), (rec_b, b, pb)):
-            recorded = (rec.get("metrics") or {}).get("test_acc")
+            recorded = typed(rec).metrics.test_acc
             if recorded is not None and abs(float(recorded) - pred.accuracy) > 1e-6:
                 notes.append(f"{path}: accuracy {pred.accuracy:.4f} ≠ the record's test_acc {float(recorded):.4f}")
         return outcome_from_predictions(seed, a.correct, b.correct)
@@ -125,21 +127,23 @@ def seed_outcome(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any], notes:
 
 def _outcome_from_records(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any]) -> SeedOutcome:
     """The seed's outcome from the two records' accuracies and test sizes (a size that differs: another test set)."""
-    ma, mb = rec_a.get("metrics") or {}, rec_b.get("metrics") or {}
-    na, nb = ma.get("test_examples"), mb.get("test_examples")
+    ma, mb = typed(rec_a).metrics, typed(rec_b).metrics
+    na, nb = ma.test_examples, mb.test_examples
     if na is not None and nb is not None and na != nb:
         raise CompareError(
             f"seed {seed}: A was tested on {na} examples and B on {nb}: not the same test set "
             f"({rec_a['_path']} / {rec_b['_path']})"
         )
     try:
-        return outcome_from_accuracies(seed, float(ma["test_acc"]), float(mb["test_acc"]), na, nb)
+        if ma.test_acc is None or mb.test_acc is None:  # never paired: `sides` leaves such records out
+            raise ValueError(f"seed {seed}: a record without a test accuracy")
+        return outcome_from_accuracies(seed, float(ma.test_acc), float(mb.test_acc), na, nb)
     except ValueError as err:
         raise CompareError(f"{err} ({rec_a['_path']} / {rec_b['_path']})") from None
 
 
 def _hardware(record: dict[str, Any]) -> str:
-    return json.dumps((record.get("env") or {}).get("hardware") or {}, sort_keys=True, default=str)
+    return json.dumps(typed(record).env_part("hardware"), sort_keys=True, default=str)
 
 
 def _median(values: Sequence[Any]) -> float | None:
@@ -147,20 +151,13 @@ def _median(values: Sequence[Any]) -> float | None:
     return statistics.median(nums) if nums else None
 
 
-def _metric(record: dict[str, Any], key: str) -> Any:
-    """`record["metrics"][key]`; None when absent (records written before the key existed)."""
-    return (record.get("metrics") or {}).get(key)
-
-
-def timing(record: dict[str, Any]) -> Timing:
+def timing(metrics: Metrics) -> Timing:
     """The run's step-time measurement (`timed_steps`, `step_time_iqr_s`: None in older records)."""
-    return Timing(
-        _metric(record, "step_time_median_s"), _metric(record, "timed_steps"), _metric(record, "step_time_iqr_s")
-    )
+    return Timing(metrics.step_time_median_s, metrics.timed_steps, metrics.step_time_iqr_s)
 
 
 def _cpus(records: Sequence[dict[str, Any]]) -> int | None:
-    counts = {((r.get("env") or {}).get("hardware") or {}).get("cpu_count") for r in records}
+    counts = {typed(r).env_part("hardware").get("cpu_count") for r in records}
     return counts.pop() if len(counts) == 1 else None
 
 
@@ -169,21 +166,19 @@ def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], level: 
     comparable = len(hardware) == 1
     note = "" if comparable else f"measured on {len(hardware)} different hardware setups: not comparable"
 
-    def metric(runs: Sequence[dict[str, Any]], key: str) -> float | None:
-        return _median([_metric(r, key) for r in runs])
-
+    ma, mb = [typed(r).metrics for r in a], [typed(r).metrics for r in b]
     return Efficiency(
-        metric(a, "step_time_median_s"),
-        metric(b, "step_time_median_s"),
-        metric(a, "peak_memory_mib"),
-        metric(b, "peak_memory_mib"),
+        _median([m.step_time_median_s for m in ma]),
+        _median([m.step_time_median_s for m in mb]),
+        _median([m.peak_memory_mib for m in ma]),
+        _median([m.peak_memory_mib for m in mb]),
         comparable,
         note,
-        speed_ratio([timing(r) for r in a], [timing(r) for r in b], level),
-        tuple(_metric(r, "load_avg_1m") for r in a),
-        tuple(_metric(r, "load_avg_1m") for r in b),
-        tuple(_metric(r, "timed_steps") for r in a),
-        tuple(_metric(r, "timed_steps") for r in b),
+        speed_ratio([timing(m) for m in ma], [timing(m) for m in mb], level),
+        tuple(m.load_avg_1m for m in ma),
+        tuple(m.load_avg_1m for m in mb),
+        tuple(m.timed_steps for m in ma),
+        tuple(m.timed_steps for m in mb),
         _cpus([*a, *b]),
     )
 

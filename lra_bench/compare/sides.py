@@ -27,6 +27,7 @@ from typing import Any
 from lra_bench.leaderboard.aggregate import canonical_task, find_results, load_records, method_label
 from lra_bench.leaderboard.experiments import conformance
 from lra_bench.record.identity import MEASUREMENT, differing_keys, identity_of
+from lra_bench.record.reader import typed
 
 #: record fields a selector may name without a dot (`attn=gpa`); anything else is a dotted identity key
 SHORT_KEYS = ("task", "attn", "selector", "protocol", "seed", "rank_budget")
@@ -172,14 +173,14 @@ def _usable(record: Mapping[str, Any], include_evaluated: bool) -> str | None:
         return f"status {status}"
     if identity_of(record).get("tuning.role") == "trial":
         return "a tuning trial (validation only)"
-    if (record.get("metrics") or {}).get("test_acc") is None:
+    if typed(record).metrics.test_acc is None:
         return "no test accuracy"
     return None
 
 
 def _check_accuracy(name: str, record: Mapping[str, Any]) -> None:
     """Refuse a record whose test accuracy is not a number (see the module)."""
-    value: Any = (record.get("metrics") or {}).get("test_acc")
+    value: Any = typed(record).metrics.test_acc
     try:
         ok = math.isfinite(float(value)) and 0.0 <= float(value) <= 1.0
     except (TypeError, ValueError):
@@ -249,7 +250,7 @@ def _by_task_and_seed(records: Sequence[dict[str, Any]], notes: list[str]) -> di
     for task, seeds in groups.items():
         out[task] = {}
         for seed, runs in sorted(seeds.items(), key=lambda kv: str(kv[0])):
-            runs.sort(key=lambda r: (str((r.get("run") or {}).get("finished_at") or ""), r["_path"]))
+            runs.sort(key=lambda r: (str(typed(r).run.finished_at or ""), r["_path"]))
             out[task][seed] = runs[-1]
             notes += [f"superseded by a later run of seed {seed} on {task}: {r['_path']}" for r in runs[:-1]]
     return out

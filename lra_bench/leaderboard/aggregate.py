@@ -21,6 +21,7 @@ from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
 from lra_bench.record import results
 from lra_bench.record.identity import identity_of
+from lra_bench.record.reader import typed
 
 #: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
 GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "window", "pretraining")
@@ -95,7 +96,7 @@ def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict
 def pretraining_of(record: dict[str, Any]) -> str:
     """How the run's encoder was pretrained (none | mlm | causal): self-pretrained rows never pool with scratch
     rows. Records from before self-pretraining existed say nothing: none."""
-    return str(record.get("pretraining") or (record.get("config") or {}).get("pretraining") or "none")
+    return str(typed(record).pretraining)
 
 
 def window_of(record: dict[str, Any]) -> int | None:
@@ -107,11 +108,11 @@ def window_of(record: dict[str, Any]) -> int | None:
 
 def is_pretraining_stage(record: dict[str, Any]) -> bool:
     """A `stage=pretrain` run: a language-model objective, no task accuracy — not a leaderboard row."""
-    return (record.get("stage") or (record.get("config") or {}).get("stage")) == "pretrain"
+    return typed(record).stage == "pretrain"
 
 
 def output_dir_of(record: dict[str, Any]) -> str:
-    return str((record.get("run") or {}).get("output_dir") or Path(record["_path"]).parent)
+    return str(typed(record).run.output_dir or Path(record["_path"]).parent)
 
 
 def is_evaluation(record: dict[str, Any]) -> bool:
@@ -132,7 +133,7 @@ def evaluations_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "status": rec.get("status"),
                 "checkpoint": evaluation.get("checkpoint"),
                 "checkpoint_step": evaluation.get("checkpoint_step"),
-                "test_acc": as_percent((rec.get("metrics") or {}).get("test_acc")),
+                "test_acc": as_percent(typed(rec).metrics.test_acc),
                 "reason": rec.get("error") or "",
                 **{key: rec.get(key) for key in GROUP_KEYS},
             }
@@ -184,19 +185,18 @@ def _runs_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for rec in records:
         if rec.get("status") != "completed" or is_evaluation(rec) or is_pretraining_stage(rec):
             continue
-        metrics = rec.get("metrics") or {}
-        seed = rec.get("seed")
+        read, seed = typed(rec), rec.get("seed")
         lines.append(
             {
                 "key": (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)),
                 "seed_key": seed if seed is not None else rec["_path"],  # a record without a seed is its own
                 "seed_order": str(seed),
-                "finished_at": str((rec.get("run") or {}).get("finished_at") or ""),
+                "finished_at": str(read.run.finished_at or ""),
                 "path": rec["_path"],
                 "record": rec,
-                "test": as_percent(metrics.get("test_acc")),
-                "val": as_percent(metrics.get("val_acc")),
-                **{key: metrics.get(key) for key in _NUMBERS},
+                "test": as_percent(read.metrics.test_acc),
+                "val": as_percent(read.metrics.val_acc),
+                **{key: read.metrics.get(key) for key in _NUMBERS},
             }
         )
     columns = ["key", "seed_key", "seed_order", "finished_at", "path", "record", "test", "val", *_NUMBERS]
@@ -235,11 +235,7 @@ REACH_KEYS = (*LOCALITY_KEYS, *(f"{key}_exact" for key in LOCALITY_KEYS))
 def _reach(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     """Median over seeds of each run's diagnostics summary (at its best-validation checkpoint, the one its test
     accuracy comes from; the latest when none is marked best): None where no run has diagnostics."""
-    summaries = []
-    for rec in runs:
-        diag = rec.get("diagnostics") or {}
-        chosen = diag.get("best") or diag.get("latest") or {}
-        summaries.append(chosen.get("summary") or {})
+    summaries = [typed(rec).diagnostics_summary() for rec in runs]
     return {key: _median(s.get(key) for s in summaries) for key in REACH_KEYS}
 
 
@@ -251,7 +247,7 @@ def _median(values: Iterable[Any]) -> float | None:
 def _devices(runs: Sequence[dict[str, Any]]) -> str:
     names = set()
     for rec in runs:
-        hw = (rec.get("env") or {}).get("hardware") or {}
+        hw = typed(rec).env_part("hardware")
         gpus = hw.get("gpus") or []
         names.add(gpus[0] if gpus else (f"cpu: {hw['cpu']}" if hw.get("cpu") else "unknown"))
     return "; ".join(sorted(names))
@@ -269,7 +265,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
         kept: list[dict[str, Any]] = list(runs["record"])
         test, val = runs["test"].dropna(), runs["val"].dropna()
         step = _value(runs["step_time_median_s"].median())
-        seq_lens = {(r.get("data") or {}).get("seq_len") for r in kept}  # the Pareto chart's "same length"
+        seq_lens = {typed(r).data.seq_len for r in kept}  # the Pareto chart's "same length"
         rows.append(
             {
                 **dict(zip(GROUP_KEYS, key)),

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from lra_bench.record.reader import typed
+
 Mode = Literal["online", "offline", "disabled"]
 MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
 DEFAULT_PROJECT = "lra-bench"
@@ -35,11 +37,7 @@ def settings_from_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The most common `logger.wandb.{project, entity, group}` among the records' resolved configs."""
     out: dict[str, Any] = {}
     for key in ("project", "entity", "group"):
-        values = Counter(
-            v
-            for r in records
-            if (v := (((r.get("config") or {}).get("logger") or {}).get("wandb") or {}).get(key)) is not None
-        )
+        values = Counter(v for r in records if (v := typed(r).config_at(f"logger.wandb.{key}")) is not None)
         out[key] = values.most_common(1)[0][0] if values else None
     return out
 

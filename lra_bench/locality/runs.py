@@ -20,6 +20,7 @@ from typing import Any
 from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.locality.settings import Settings, SettingsError
 from lra_bench.record import results
+from lra_bench.record.reader import ReadRecord, read
 
 REPO = Path(__file__).resolve().parents[2]
 #: identity keys that may differ between the study's runs (what it varies), by prefix
@@ -82,16 +83,14 @@ def run_arm(arm: Arm, settings: Settings) -> dict[str, Any]:
         line = next((t for t in reversed(text) if t.startswith("error: ")), f"run.py exited 2 (see {log.name})")
         raise SettingsError(line.removeprefix("error: "))
     path = record_of(arm, settings)
-    record = results.read_record(path) if path is not None else None
-    return row_of(arm, record, proc.returncode, wall)
+    return row_of(arm, read(path) if path is not None else None, proc.returncode, wall)
 
 
-def row_of(arm: Arm, record: dict[str, Any] | None, returncode: int, wall_s: float) -> dict[str, Any]:
+def row_of(arm: Arm, record: ReadRecord | None, returncode: int, wall_s: float) -> dict[str, Any]:
     """What the study keeps of one run: its accuracies, steps, how far its attention reached, identity."""
-    metrics = (record or {}).get("metrics") or {}
-    diag = (record or {}).get("diagnostics") or {}
-    summary = (diag.get("best") or diag.get("latest") or {}).get("summary") or {}
-    status = (record or {}).get("status") or f"no record (exit {returncode})"
+    rec = record if record is not None else ReadRecord()
+    metrics, summary = rec.metrics, rec.diagnostics_summary()
+    status = record.status if record is not None else f"no record (exit {returncode})"
     done = status == "completed" and returncode == 0
     return {
         "label": arm.label,
@@ -99,20 +98,20 @@ def row_of(arm: Arm, record: dict[str, Any] | None, returncode: int, wall_s: flo
         "window": arm.window,
         "seed": arm.seed,
         "status": status,
-        "error": None if done else ((record or {}).get("error") or f"run.py exited {returncode}"),
-        "test_acc": metrics.get("test_acc") if done else None,
-        "val_acc": metrics.get("val_acc") if done else None,
-        "test_examples": metrics.get("test_examples"),
-        "best_step": metrics.get("best_step"),
-        "train_steps": metrics.get("train_steps"),
+        "error": None if done else (rec.error or f"run.py exited {returncode}"),
+        "test_acc": metrics.test_acc if done else None,
+        "val_acc": metrics.val_acc if done else None,
+        "test_examples": metrics.test_examples,
+        "best_step": metrics.best_step,
+        "train_steps": metrics.train_steps,
         **{key: summary.get(key) for key in (*LOCALITY_KEYS, *(f"{k}_exact" for k in LOCALITY_KEYS))},
-        "off_protocol": (record or {}).get("off_protocol"),
-        "fingerprint": (record or {}).get("fingerprint"),
-        "code": (record or {}).get("code"),  # {commit, dirty}: the code the run trained with
-        "identity": (record or {}).get("identity") or {},
-        "task": (record or {}).get("task"),
-        "protocol": (record or {}).get("protocol"),
-        "seq_len": ((record or {}).get("data") or {}).get("seq_len"),
+        "off_protocol": rec.off_protocol,
+        "fingerprint": rec.fingerprint,
+        "code": rec.code,  # {commit, dirty}: the code the run trained with
+        "identity": rec.identity or {},
+        "task": rec.task,
+        "protocol": rec.protocol,
+        "seq_len": rec.data.seq_len,
         "wall_s": round(wall_s, 1),
     }
 

@@ -7,7 +7,7 @@ keys, in the order they were set; `to_dict` writes them there, so the JSON keeps
 
 `RunRecord().to_dict()` is the empty record (`results.empty_record`), and the section key tuples
 (`results.METRIC_KEYS`, …) are these dataclasses' field names: each key and each default is written once, here.
-Readers (leaderboard, compare, runs, reproductions) keep reading plain dicts (`results.read_record`).
+Readers get these types back from `lra_bench.record.reader` (`typed`, `read`), tolerant of older records.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.record.provenance import environment
+from lra_bench.record.reader import lookup, read
 from lra_bench.reports.markdown import table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,15 +108,15 @@ def measure_arm(arm: str, attn: str, seed: int, name: str, args: list[str], out:
     job = out / "runs" / "listops" / attn / name
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    final = json.loads(((job / "finetune") if arm == "spt" else job).joinpath("results.json").read_text())
+    final = read(((job / "finetune") if arm == "spt" else job) / "results.json").metrics
     row: dict[str, Any] = {
         "attn": attn,
         "arm": arm,
         "seed": seed,
-        "test_acc": final["metrics"]["test_acc"],
-        "val_acc": final["metrics"]["val_acc"],
-        "best_step": final["metrics"]["best_step"],
-        "steps": final["metrics"]["train_steps"],
+        "test_acc": final.test_acc,
+        "val_acc": final.val_acc,
+        "best_step": final.best_step,
+        "steps": final.train_steps,
         "pretrain_steps": 0,
         "pretrain_masked_acc": None,
         "wall_s": round(wall, 1),
@@ -123,9 +124,9 @@ def measure_arm(arm: str, attn: str, seed: int, name: str, args: list[str], out:
         "args": args,
     }
     if arm == "spt":
-        pre = json.loads((job / "pretrain" / "results.json").read_text())
-        row["pretrain_steps"] = pre["metrics"]["train_steps"]
-        row["pretrain_masked_acc"] = (pre["pretrain"]["final"] or {}).get("val_acc")
+        pre = read(job / "pretrain" / "results.json")
+        row["pretrain_steps"] = pre.metrics.train_steps
+        row["pretrain_masked_acc"] = lookup(pre.pretrain, "final.val_acc")
     return row
 
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from lra_bench.config.plain import plain_dict
+from lra_bench.record.reader import typed
 from lra_bench.reports.terminal import table_console
 from lra_bench.run.curves import FILENAME as CURVES
 from lra_bench.run.runlog import to_log_only
@@ -69,11 +70,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def _env(record: dict[str, Any], section: str) -> dict[str, Any]:
-    """A record's `env.<section>` (`hardware`, `runtime`); empty where an older record lacks it."""
-    return dict((record.get("env") or {}).get(section) or {})
-
-
 def measured_here(record: dict[str, Any]) -> str | None:
     """How long this run takes on this machine, as measured: the median wall time of the committed reproductions
     of the same experiment (seed aside) that completed on this CPU (`lra_bench.reproduction_runs`); None when
@@ -90,13 +86,13 @@ def measured_here(record: dict[str, Any]) -> str | None:
         for r in runs
         if r.counted
         and r.machine == machine_of(here)
-        and _env(r.record, "hardware").get("gpus") == here["gpus"]
+        and r.typed.env_part("hardware").get("gpus") == here["gpus"]
         and seed_free(config_identity(r.record["config"])) == experiment
     ]
     walls = sorted(w for r in same if (w := r.wall_s()) is not None)
     if not walls:
         return None
-    threads = sorted({str(_env(r.record, "runtime").get("threads", "?")) for r in same})
+    threads = sorted({str(r.typed.env_part("runtime").get("threads", "?")) for r in same})
     folder = same[0].folder.parent.relative_to(REPO) if same[0].folder.is_relative_to(REPO) else same[0].folder.parent
     runs_here = f"{len(walls)} completed run{'s' if len(walls) > 1 else ''} of it here"
     return (
@@ -142,40 +138,41 @@ def opening_line(record: dict[str, Any], preset: str | None = None) -> str:
 
 
 def print_summary(record: dict[str, Any]) -> None:
-    m, run = record["metrics"], record["run"]
-    title = f"{record['task']} · {record['attn']}" + (f" · {record['selector']}" if record.get("selector") else "")
-    table = Table(title=f"lra-bench — {title} — {record['status']}", show_header=False, title_justify="left")
+    read = typed(record)
+    m, run_dir = read.metrics, str(read.run.output_dir)
+    title = f"{read.task} · {read.attn}" + (f" · {read.selector}" if read.selector else "")
+    table = Table(title=f"lra-bench — {title} — {read.status}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    evaluation = record.get("evaluation")
+    evaluation = read.evaluation
     test = [
-        ("test loss", _fmt(m.get("test_loss"), "{:.4f}") + f"  over {_fmt(m.get('test_examples'))} examples"),
-        ("majority class (val)", _fmt(record.get("data", {}).get("majority_share"), "{:.4f}")),
+        ("test loss", _fmt(m.test_loss, "{:.4f}") + f"  over {_fmt(m.test_examples)} examples"),
+        ("majority class (val)", _fmt(read.data.get("majority_share"), "{:.4f}")),
     ]
     training = [
-        ("training steps", _fmt(m["train_steps"])),
-        ("median step time", _fmt(m["step_time_median_s"] and m["step_time_median_s"] * 1000, "{:.1f} ms")),
-        ("tokens / s", _fmt(m["tokens_per_s"], "{:,.0f}")),
-        ("data loading share", _fmt(m["data_share"] and 100 * m["data_share"], "{:.1f} %")),
-        ("peak memory", _fmt(m["peak_memory_mib"], "{:,.0f} MiB") + f"  ({m.get('peak_memory_kind', '')})"),
+        ("training steps", _fmt(m.train_steps)),
+        ("median step time", _fmt(m.step_time_median_s and m.step_time_median_s * 1000, "{:.1f} ms")),
+        ("tokens / s", _fmt(m.tokens_per_s, "{:,.0f}")),
+        ("data loading share", _fmt(m.data_share and 100 * m.data_share, "{:.1f} %")),
+        ("peak memory", _fmt(m.peak_memory_mib, "{:,.0f} MiB") + f"  ({m.extra.get('peak_memory_kind', '')})"),
     ]
-    tail = [("parameters", _fmt(m["params"], "{:,}")), ("fingerprint", _fmt(record.get("fingerprint")))]
-    if record.get("off_protocol"):
-        tail.append(("off-protocol", f"changes {record.get('protocol')}'s {changed_keys(record)}"))
+    tail = [("parameters", _fmt(m.params, "{:,}")), ("fingerprint", _fmt(read.fingerprint))]
+    if read.off_protocol:
+        tail.append(("off-protocol", f"changes {read.protocol}'s {changed_keys(record)}"))
     if evaluation:  # a tested checkpoint: its step instead of training numbers (its path is printed below)
         head = [
             ("checkpoint step", _fmt(evaluation.get("checkpoint_step"))),
-            ("test accuracy", _fmt(m["test_acc"], "{:.4f}")),
+            ("test accuracy", _fmt(m.test_acc, "{:.4f}")),
         ]
         rows = [*head, *test, *tail]
     else:
         head = [
-            ("val accuracy (best)", _fmt(m["val_acc"], "{:.4f}") + f"  at step {_fmt(m['best_step'])}"),
-            ("test accuracy (best-val ckpt)", _fmt(m["test_acc"], "{:.4f}")),
+            ("val accuracy (best)", _fmt(m.val_acc, "{:.4f}") + f"  at step {_fmt(m.best_step)}"),
+            ("test accuracy (best-val ckpt)", _fmt(m.test_acc, "{:.4f}")),
         ]
         rows = [*head, *test, *training, *tail]
-    if record.get("error"):
-        rows.append(("error", str(record["error"])))
+    if read.error:
+        rows.append(("error", str(read.error)))
     for key, value in rows:
         table.add_row(key, value)
     console = table_console(min_width=100)
@@ -183,9 +180,9 @@ def print_summary(record: dict[str, Any]) -> None:
     # paths on their own lines, never truncated, so they can be copied
     if evaluation:
         console.print(f"checkpoint:    {evaluation['checkpoint']}", soft_wrap=True)
-    console.print(f"outputs:       {run['output_dir']}", soft_wrap=True)
-    console.print(f"result record: {Path(run['output_dir']) / 'results.json'}", soft_wrap=True)
-    curves = Path(run["output_dir"]) / CURVES
+    console.print(f"outputs:       {run_dir}", soft_wrap=True)
+    console.print(f"result record: {Path(run_dir) / 'results.json'}", soft_wrap=True)
+    curves = Path(run_dir) / CURVES
     if curves.exists():
         console.print(f"curves:        {curves}", soft_wrap=True)
     sync = wandb_sync_command(record)
@@ -201,10 +198,10 @@ def offline_wandb_parts(record: dict[str, Any]) -> list[Path]:
     W&B names a folder it writes offline `offline-run-<time>-<id>` (online: `run-…`), so the folders themselves say
     the logger ran offline, for this attempt and every earlier one of a resumed run (each writes a part with the
     run's id); `wandb sync` leaves `run-<id>.wandb.synced` in a part it uploaded."""
-    run_id = (record.get("run") or {}).get("wandb_id")
-    if not run_id:
+    run = typed(record).run
+    if not run.wandb_id:
         return []
-    folders = (Path(record["run"]["output_dir"]) / "wandb").glob(f"offline-run-*-{run_id}")
+    folders = (Path(str(run.output_dir)) / "wandb").glob(f"offline-run-*-{run.wandb_id}")
     return sorted(p for p in folders if p.is_dir() and not any(p.glob("*.wandb.synced")))
 
 
@@ -246,8 +243,9 @@ def resume_command(cfg: DictConfig, output_dir: Path) -> str:
 
 def next_commands(record: dict[str, Any]) -> list[str]:
     """What to type next, as the summary's last lines: resume a stopped run, list the runs, compare this one."""
-    run_dir = record["run"]["output_dir"]
-    root = str((record.get("config") or {}).get("output_root") or "")
+    read = typed(record)
+    run_dir = str(read.run.output_dir)
+    root = str(read.config_at("output_root") or "")
     if not root or not Path(run_dir).resolve().is_relative_to(Path(root).resolve()):
         root = str(Path(run_dir).parent)  # a sweep's job: its sweep dir
     status = record["status"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from lra_bench.record.reader import typed
 from tasks.files import atomic_path
 
 FILENAME = "curves.png"
@@ -86,14 +87,15 @@ def write_curves(run_dir: Path, record: dict[str, Any]) -> Path | None:
         )
     left.set(xlabel="step", ylabel="train loss (cross-entropy)", title="train loss")
     right.plot(acc["step"], 100 * acc[VAL_ACC], "o-", color="C1", ms=3, lw=1.2, label="val accuracy")
-    majority = (record.get("data") or {}).get("majority_share")
+    read = typed(record)
+    majority = read.data.get("majority_share")
     if majority is not None:
         right.axhline(100 * majority, color="grey", ls=":", lw=1, label=f"majority class {100 * majority:.1f}%")
     if not acc.empty:
         # the first step at the best value, as the best-val checkpoint
         best = acc.iloc[int(acc[VAL_ACC].to_numpy().argmax())]
         step, value = int(best["step"]), 100 * float(best[VAL_ACC])
-        recorded = (record.get("metrics") or {}).get("best_step")
+        recorded = read.metrics.best_step
         if recorded is not None and (acc["step"] == recorded).any():  # the step the tested checkpoint was saved at
             step, value = int(recorded), 100 * float(acc.loc[acc["step"] == recorded, VAL_ACC].iloc[-1])
         for ax in (left, right):

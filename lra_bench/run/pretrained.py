@@ -30,6 +30,8 @@ from lra_bench.config.plain import plain_dict
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, fingerprint, flatten, under
+from lra_bench.record.reader import ReadRecord, lookup, read
+from lra_bench.record.schema import RunRecord
 from lra_bench.run.checkpointing import LAST, load_checkpoint
 from models.heads import TaskNetwork
 
@@ -65,9 +67,9 @@ def family_fingerprint(config: dict[str, Any]) -> str:
     return fingerprint({k: v for k, v in config_identity(config).items() if not _is_seed(k)})
 
 
-def run_fingerprint(record: dict[str, Any]) -> str:
+def run_fingerprint(record: RunRecord) -> str:
     """The run's own fingerprint: the record's, when the record carries one, else the config's."""
-    return str(record.get("fingerprint") or fingerprint(config_identity(record.get("config") or {})))
+    return str(record.fingerprint or fingerprint(config_identity(record.config)))
 
 
 @dataclass
@@ -77,19 +79,19 @@ class PretrainedSource:
     value: str
     checkpoint: Path
     run_dir: Path
-    record: dict[str, Any]
+    record: ReadRecord
 
     @property
     def objective(self) -> str:
-        return str((self.record.get("pretrain") or {}).get("objective") or self.record["config"].get("objective"))
+        return str(lookup(self.record.pretrain, "objective") or self.record.config_at("objective"))
 
     @property
     def family_fingerprint(self) -> str:
-        return family_fingerprint(self.record.get("config") or {})
+        return family_fingerprint(self.record.config)
 
     def describe(self) -> dict[str, Any]:
         """The fine-tune record's `pretrained` section."""
-        pre = self.record.get("pretrain") or {}
+        pre = self.record.pretrain or {}
         return {
             "path": str(self.checkpoint.resolve()),
             "run_dir": str(self.run_dir.resolve()),
@@ -98,8 +100,8 @@ class PretrainedSource:
             "objective": self.objective,
             "mask_ratio": pre.get("mask_ratio"),
             "loss": pre.get("loss"),
-            "seed": self.record.get("seed"),
-            "steps": (self.record.get("metrics") or {}).get("train_steps"),
+            "seed": self.record.seed,
+            "steps": self.record.metrics.train_steps,
             "checkpoint_step": int(load_checkpoint(self.checkpoint).get("global_step", 0)),
             "final": pre.get("final"),
         }
@@ -123,20 +125,19 @@ def locate(cfg: DictConfig) -> PretrainedSource:
     if not path.exists():
         raise ConfigError(f"pretrained={value}: {path} is missing; a fine-tune starts from a run of this harness")
     try:
-        record = results.read_record(path)
+        record = read(path)
     except (OSError, ValueError) as err:
         raise ConfigError(f"pretrained={value}: cannot read {path} ({err})") from None
-    stage = record.get("stage") or (record.get("config") or {}).get("stage") or "supervised"
-    if stage != "pretrain":
-        raise ConfigError(f"pretrained={value}: that run has stage={stage}, not stage=pretrain")
-    if record.get("status") != "completed":
+    if record.stage != "pretrain":
+        raise ConfigError(f"pretrained={value}: that run has stage={record.stage}, not stage=pretrain")
+    if record.status != "completed":
         raise ConfigError(
-            f"pretrained={value}: the pretraining run's status is {record.get('status')}; finish it first "
+            f"pretrained={value}: the pretraining run's status is {record.status}; finish it first "
             "(re-running its command resumes it)"
         )
     if not checkpoint.is_file():
         raise ConfigError(f"pretrained={value}: {checkpoint} is missing")
-    check_architecture(value, record.get("config") or {}, plain_dict(cfg))
+    check_architecture(value, record.config, plain_dict(cfg))
     return PretrainedSource(value, checkpoint, run_dir, record)
 
 

@@ -30,6 +30,7 @@ from lra_bench.config.validate import validate_once
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
+from lra_bench.record.reader import read
 from lra_bench.run.pretrain import check_pretrain_keys, resolve_stage
 
 PRETRAIN_DIR, FINETUNE_DIR = "pretrain", "finetune"
@@ -65,15 +66,15 @@ def completed(path: Path, cfg: DictConfig) -> bool:
     if not file.exists():
         return False
     try:
-        record = results.read_record(file)
+        record = read(file)
     except (OSError, ValueError):
         return False
-    if record.get("status") != "completed":
+    if record.status != "completed":
         return False
     validate_once(cfg)
     resolve_stage(cfg)
     wanted = _identity(plain_dict(cfg))
-    found = _identity(record.get("config") or {})
+    found = _identity(record.config)
     if fingerprint(found) == fingerprint(wanted):
         return True
     keys = differing_keys([found, wanted])

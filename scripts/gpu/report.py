@@ -64,21 +64,24 @@ class Judge:
 
     def run(self, attn: str) -> dict[str, Any]:
         """A ListOps run from its record; stopped early, with the best validation its CSV holds."""
+        from lra_bench.record.reader import typed  # a record read as the harness reads it
+
         code, ms = self.rc[f"listops-{attn}"]
         run_dir = self.work / "runs" / "listops" / attn / attn
         record = load(run_dir / "results.json") or {}
-        m, trainer = record.get("metrics") or {}, (record.get("config") or {}).get("trainer") or {}
+        read = typed(record)
+        m = read.metrics
         best = max(series(run_dir, "val/acc"), key=lambda sv: sv[1], default=(None, None))
         status = record.get("status") or "no record"
         if code in TIMED_OUT and status in ("running", "no record"):  # killed before it could record the stop
             status = f"stopped by the budget ({status})"
         return {
             "status": status, "error": record.get("error"), "exit": code, "wall_s": round(ms / 1e3, 1),
-            "steps": m.get("train_steps") or max((s for s, _ in series(run_dir, "train/loss")), default=None),
-            "max_steps": trainer.get("max_steps"), "precision": trainer.get("precision"),
-            "val_acc": best[1] if m.get("val_acc") is None else m["val_acc"],
-            "best_step": best[0] if m.get("best_step") is None else m["best_step"], "test_acc": m.get("test_acc"),
-            "step_time_median_s": m.get("step_time_median_s"), "peak_memory_mib": m.get("peak_memory_mib"),
+            "steps": m.train_steps or max((s for s, _ in series(run_dir, "train/loss")), default=None),
+            "max_steps": read.config_at("trainer.max_steps"), "precision": read.config_at("trainer.precision"),
+            "val_acc": best[1] if m.val_acc is None else m.val_acc,
+            "best_step": best[0] if m.best_step is None else m.best_step, "test_acc": m.test_acc,
+            "step_time_median_s": m.step_time_median_s, "peak_memory_mib": m.peak_memory_mib,
             "run_dir": str(run_dir),
         }  # fmt: skip
 
@@ -131,15 +134,18 @@ class Judge:
 
     def stage_bf16_smoke(self, s: Stage) -> None:
         """Each attention's record: completed, every planned step, in bf16-mixed, every logged loss finite."""
+        from lra_bench.record.reader import typed
+
         results = {}
         for path in sorted((self.work / "smoke").rglob("results.json")):
             record, losses = load(path), [v for _, v in series(path.parent, "train/loss")]
-            m, trainer = record.get("metrics") or {}, (record.get("config") or {}).get("trainer") or {}
+            read = typed(record)
+            steps, precision = read.metrics.train_steps, read.config_at("trainer.precision")
             checks = {
                 f"status {record.get('status')}: {record.get('error')}": record.get("status") == "completed",
-                f"{m.get('train_steps')} steps": m.get("train_steps") == trainer.get("max_steps"),
+                f"{steps} steps": steps == read.config_at("trainer.max_steps"),
                 f"train/loss not all finite: {losses[:5]}": bool(losses) and all(map(math.isfinite, losses)),
-                f"precision {trainer.get('precision')}": trainer.get("precision") == "bf16-mixed",
+                f"precision {precision}": precision == "bf16-mixed",
             }
             problems = [text for text, ok in checks.items() if not ok]
             results[record.get("attn")] = {"ok": not problems, "problems": problems, "last_loss": losses[-1:]}
