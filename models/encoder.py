@@ -30,6 +30,29 @@ KERNELS = ("fused", "eager")
 UNSET_KERNELS = "eager"
 
 
+#: the trainer precisions whose tensors the fused chain takes: fp32 or fp64, no autocast (`fused_encoder.applies`)
+FUSED_PRECISIONS = ("32-true", "32", "64-true", "64")
+
+
+def kernels_that_run(kernels: str, device: str, precision: str) -> tuple[str, str | None]:
+    """The `model.kernels` a run on `device` (`cpu`, `cuda`, …) at trainer precision `precision` computes with, and
+    why, where that is not `kernels`. Why at configuration time: the per-call test (`fused`) runs the eager chain
+    wherever the kernel does not apply, so a run asked for `fused` on a GPU, under autocast, or without a compiler
+    would compute eager yet be recorded (and fingerprinted, and ranked) as fused."""
+    if kernels != "fused":
+        return kernels, None
+    if device != "cpu":
+        return "eager", f"the fused chain is a CPU kernel and this run is on {device}"
+    if str(precision) not in FUSED_PRECISIONS:
+        return (
+            "eager",
+            f"trainer.precision={precision} is not fp32 or fp64 outside autocast, all the kernel takes",
+        )
+    if fused_encoder.kernel() is None:
+        return "eager", "the kernel could not be built on this machine"
+    return "fused", None
+
+
 def fused(kernels: str, x: torch.Tensor) -> bool:
     """Whether a module with `model.kernels=kernels` runs `x`'s chain through the compiled kernel."""
     return kernels == "fused" and fused_encoder.applies(x)

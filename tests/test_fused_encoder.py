@@ -351,3 +351,33 @@ def test_a_checkpoint_trained_fused_resumes_eager_and_the_segments_say_so(tmp_pa
     assert [s["from_step"] for s in segments] == [0, 4]
     assert [s["kernels"] for s in segments] == [{"model.kernels": "fused"}, {"model.kernels": "eager"}]
     assert "model.kernels" not in record["identity"] and math.isfinite(record["metrics"]["test_acc"])
+
+
+def test_fused_asked_where_it_cannot_run_is_recorded_as_the_eager_path_that_ran(tmp_path: Path) -> None:
+    """`model.kernels=fused` under bf16 autocast computes the eager chain (`fused_encoder.applies`): the run says so
+    in one line and its record, identity and fingerprint name `eager` — the experiment an eager run of the same
+    config is — instead of a fused path that never ran."""
+    from lra_bench.record.identity import identity_of
+
+    args = [*TINY_LISTOPS, "attn=nystrom", "trainer.max_steps=2", "trainer.precision=bf16-mixed"]
+    proc = run_cli([*args, "model.kernels=fused", "run_name=asked-fused"], tmp_path)
+    assert "model.kernels=fused runs as eager: trainer.precision=bf16-mixed" in proc.stderr
+    asked = run_record(tmp_path / "outputs" / "listops" / "nystrom" / "asked-fused")
+    run_cli([*args, "model.kernels=eager", "run_name=eager"], tmp_path)
+    eager = run_record(tmp_path / "outputs" / "listops" / "nystrom" / "eager")
+    assert asked["config"]["model"]["kernels"] == "eager" and identity_of(asked)["model.kernels"] == "eager"
+    assert asked["fingerprint"] == eager["fingerprint"]
+    assert [s["kernels"] for s in asked["run"]["segments"]] == [{"model.kernels": "eager"}]
+
+
+def test_the_path_a_run_computes_on_is_settled_from_its_device_precision_and_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from models.encoder import kernels_that_run
+
+    assert kernels_that_run("fused", "cpu", "32-true") == ("fused", None)
+    assert kernels_that_run("eager", "cuda", "bf16-mixed") == ("eager", None)
+    assert kernels_that_run("fused", "cuda", "32-true")[0] == "eager"
+    assert kernels_that_run("fused", "cpu", "bf16-true")[0] == "eager"
+    monkeypatch.setattr(fused_encoder, "kernel", lambda: None)  # a machine without a compiler
+    assert kernels_that_run("fused", "cpu", "32-true") == ("eager", "the kernel could not be built on this machine")

@@ -6,16 +6,19 @@ makes, each stage through `run_stage` again, so each gets its own lock and recor
 Why one entry: each stage used to validate, lock and dispatch on its own (train dispatched to the other two); now
 the stages only run, and whatever must happen before any of them writes happens here, in this order: validate, the
 torch threads (the record's `env.runtime` says what the run used), the stage keys (`pretraining` derived, a
-`pretrained=` source checked), the launcher (a ddp script launcher inside a multirun is refused), the run dir is
+`pretrained=` source checked), the encoder's kernel path (`model.kernels=fused` where it cannot run is set to the eager
+path that will run, and said), the launcher (a ddp script launcher inside a multirun is refused), the run dir is
 writable, then rank 0 takes the lock (`lra_bench.run.lock`: a live run's folder is refused with its holder's PID,
 before any record is written).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -30,6 +33,7 @@ from lra_bench.run import spt
 from lra_bench.run.evaluation import evaluate
 from lra_bench.run.lock import RunDirLock
 from lra_bench.run.train import train
+from models.encoder import UNSET_KERNELS, kernels_that_run
 
 
 def run_stage(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
@@ -42,6 +46,7 @@ def run_stage(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     validate_once(cfg)  # the pre-flight or the sweeper checked it already: then only its components are typed
     runtime.set_threads(cfg.get("threads"))
     source = conformance.derive_run_keys(cfg)  # stage keys checked, `pretraining` derived (as the protocol check does)
+    settle_kernels(cfg)
     check_launch(cfg)
     check_writable(output_dir)
     lock = RunDirLock(output_dir).acquire() if getattr(rank_zero_only, "rank", 0) == 0 else None
@@ -50,6 +55,19 @@ def run_stage(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     finally:
         if lock is not None:
             lock.release()
+
+
+def settle_kernels(cfg: DictConfig) -> None:
+    """Set `model.kernels` to the path the run will compute on (`models.encoder.kernels_that_run`), saying so in one
+    line where it is not the one asked for, so the record, identity and fingerprint name what really ran."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    device = {"gpu": "cuda", "auto": "cuda" if torch.cuda.is_available() else "cpu"}.get(accelerator, accelerator)
+    asked = str(cfg.model.get("kernels", UNSET_KERNELS))
+    runs, why = kernels_that_run(asked, device, str(cfg.trainer.get("precision", "32-true")))
+    if runs != asked:
+        cfg.model.kernels = runs
+        if getattr(rank_zero_only, "rank", 0) == 0:
+            print(f"[lra-bench] model.kernels={asked} runs as {runs}: {why}; recorded as {runs}", file=sys.stderr)
 
 
 def check_launch(cfg: DictConfig) -> None:
