@@ -61,7 +61,9 @@ def settle_kernels(cfg: DictConfig) -> None:
     """Set `model.kernels` to the path the run will compute on (`models.encoder.kernels_that_run`), saying so in one
     line where it is not the one asked for, so the record, identity and fingerprint name what really ran."""
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
-    device = {"gpu": "cuda", "auto": "cuda" if torch.cuda.is_available() else "cpu"}.get(accelerator, accelerator)
+    # `auto` is the CPU only where Lightning finds no accelerator: neither CUDA nor Apple's MPS
+    found = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    device = {"gpu": "cuda", "auto": found}.get(accelerator, accelerator)
     asked = str(cfg.model.get("kernels", UNSET_KERNELS))
     runs, why = kernels_that_run(asked, device, str(cfg.trainer.get("precision", "32-true")))
     if runs != asked:
