@@ -30,9 +30,8 @@ def main(cfg: DictConfig) -> float | None:
 
     from lra_bench.errors import ConfigError
     from lra_bench.run.entry import run_stage
-    from lra_bench.run.quiet import quiet_terminal
-    from lra_bench.run.runlog import LOG_NAME, route_lightning_logs_to_hydra, tee_output
-    from lra_bench.run.unstarted import is_new, remove_unstarted
+    from lra_bench.run.rundir import LOG_NAME, is_new, remove_unstarted
+    from lra_bench.run.terminal import quiet_terminal, route_lightning_logs_to_hydra, tee_output
     from tasks.layout import DataSourceError
 
     route_lightning_logs_to_hydra()

@@ -16,6 +16,10 @@ each component class in it joins its axis. Their YAML goes into a config dir tha
 
 Why discovery rather than decorators: one mechanism for three axes in a package that `models` and `tasks` may not
 import (they never import `lra_bench`), and errors that list every valid name.
+
+Building from config nodes is here too (`build_attention`, `build_selector`, and `attention_factory`: each block's
+attention from the `attn`/`selector` nodes), below the run package: the record builder asks a built attention for
+its rank budget without importing the run that trains it.
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from lra_bench.config.plain import plain_dict
 from models.knobs import knob_values, knobs
 
 if TYPE_CHECKING:  # the bases are imported lazily at run time: building the CLI must not import torch
+    from omegaconf import DictConfig
+
     from models.attention.base import Attention
+    from models.build import AttentionFactory
     from models.landmarks.base import LandmarkSelector
     from tasks.base import LRADataModule
 
@@ -183,3 +191,41 @@ def build_attention(
     elif selector is not None:
         raise ValueError(f"attn={name} takes no selector (got {type(selector).__name__}); drop selector=")
     return cls(**geometry, cfg=ATTENTIONS.config(name)(**params))
+
+
+def offset_seed(kwargs: dict[str, Any], layer: int) -> dict[str, Any]:
+    """Seeded components get `seed + 1000·layer`, so layers draw different landmarks/features while a run stays
+    reproducible from its one `seed`."""
+    if isinstance(kwargs.get("seed"), int):
+        kwargs["seed"] = kwargs["seed"] + 1000 * layer
+    return kwargs
+
+
+def selector_node(cfg: DictConfig) -> dict[str, Any] | None:
+    """The selector's config node, or None when the attention takes no selector."""
+    if not ATTENTIONS.get(cfg.attn.name).takes_selector:
+        return None
+    return plain_dict(cfg.selector)
+
+
+def attention_factory(
+    attn: dict[str, Any], selector: dict[str, Any] | None, *, num_heads: int, head_dim: int
+) -> AttentionFactory:
+    """Each block's attention (and its own selector instance), seeded `seed + 1000·layer` (`offset_seed`)."""
+    name = attn["name"]
+    params = ATTENTIONS.params(name, attn)
+
+    def make(layer: int, total_len: int) -> Attention:
+        sel = None
+        if selector is not None:
+            sel = build_selector(selector["name"], **offset_seed(dict(selector), layer))
+        return build_attention(
+            name,
+            head_dim=head_dim,
+            num_heads=num_heads,
+            seq_len=total_len,
+            selector=sel,
+            **offset_seed(dict(params), layer),
+        )
+
+    return make

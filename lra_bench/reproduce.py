@@ -91,7 +91,7 @@ def copy_into(src: Path, dst: Path) -> None:
 def snapshot(run: Path, evidence: Path) -> bool:
     """Copy an unfinished run's state into `evidence/in-progress/` (replacing the previous snapshot whole, so the
     folder is always one consistent state). False when there is no complete checkpoint pair to copy yet."""
-    from lra_bench.run.checkpointing import best_checkpoint_of  # lra_bench.run loads torch and Lightning
+    from lra_bench.run.checkpoints import best_checkpoint_of  # lra_bench.run loads torch and Lightning
 
     ckpts = run / "checkpoints"
     last = ckpts / "last.ckpt"

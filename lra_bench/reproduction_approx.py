@@ -47,7 +47,7 @@ EXACT = "full"  # the attention whose Â is exact softmax attention
 def best_checkpoint(run: Path) -> Path:
     """The run's best-val checkpoint: the one its `last.ckpt` names (ModelCheckpoint state), else the only, or the
     highest-step, `best-*.ckpt` in `checkpoints/`. FileNotFoundError when there is none."""
-    from lra_bench.run.checkpointing import best_checkpoint_of
+    from lra_bench.run.checkpoints import best_checkpoint_of
 
     ckpts = run / "checkpoints"
     last = ckpts / "last.ckpt"

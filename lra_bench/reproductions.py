@@ -113,10 +113,9 @@ def _collect(root: Path, variant: str | None) -> list[Run]:
 
 
 def snapshot_progress(last: Path) -> tuple[int | None, list[dict[str, Any]]]:
-    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.run.checkpoint_identity`);
+    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.run.checkpoints`);
     without the checkpoint, what `checkpoint.json` beside `checkpoints/` kept of it (a variant's snapshot)."""
-    from lra_bench.run.checkpoint_identity import META_KEY
-    from lra_bench.run.checkpointing import load_checkpoint
+    from lra_bench.run.checkpoints import META_KEY, load_checkpoint
 
     if not last.exists():
         kept = last.parent.parent / SNAPSHOT_PROGRESS

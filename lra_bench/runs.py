@@ -6,7 +6,7 @@ Where did my run go, did it finish, and how well did it do? One table of every `
 run (from its `.hydra/overrides.yaml`, logistics such as `data_dir` left out), best val and test accuracy, the
 step it reached of the steps planned, when it first started (local time), and its folder (relative to the current
 directory when below it, so it pastes into `ckpt_path=`, `python -m lra_bench.compare` or `evaluate`). A record that
-still says `running` while no process holds its run dir (`lra_bench.run.lock`) was killed: it is shown as `stopped`,
+still says `running` while no process holds its run dir (`lra_bench.run.rundir`) was killed: it is shown as `stopped`,
 and its step is the last one the CSV log holds. Reads only records and small files, so it is fast on a live sweep
 and on a cluster filesystem. `--remove` deletes the folders of the failed, interrupted and stopped runs listed
 (`lra_bench.runs_removal`: what may go, the question, the deletion), so a results dir can be tidied without
@@ -32,11 +32,11 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from lra_bench.leaderboard.aggregate import find_results, load_records
+from lra_bench.record.curves import read_metrics
 from lra_bench.record.identity import LOGISTICS
 from lra_bench.record.reader import lookup, typed
 from lra_bench.reports.terminal import table_console
-from lra_bench.run.curves import read_metrics
-from lra_bench.run.lock import is_held
+from lra_bench.run.rundir import is_held
 from lra_bench.runs_removal import remove_listed
 
 DEFAULT_DIRS = ("outputs", "multirun")

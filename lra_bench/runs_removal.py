@@ -5,14 +5,14 @@ gone and the completed runs kept. What may go, of the runs the listing shows (it
 
 - a `failed` or `interrupted` run, and a `stopped` one (killed: its record still says running, no process holds it);
 - a `completed` run or an `evaluated` checkpoint only with `--include-completed`, asked for by name;
-- never a run a process holds (`lra_bench.run.lock`): checked again under the run dir's own lock at the moment of
+- never a run a process holds (`lra_bench.run.rundir`): checked again under the run dir's own lock at the moment of
   deletion, so a run resumed between the question and the answer is kept, and no run can start in a folder while it
   is being deleted;
 - never a folder that holds another run that stays (a failed run whose `eval/` holds a kept evaluated record).
 
 The runs that go are shown first as a table, and the question is asked on a terminal (`--yes` skips it; without a
 terminal and without `--yes` the listing refuses before anything is read, `lra_bench.runs.main`). A `latest` link
-left pointing at a removed folder is removed with it (`lra_bench.run.latest`).
+left pointing at a removed folder is removed with it (`lra_bench.run.rundir`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from typing import Any
 from rich.console import Console
 
 from lra_bench.errors import ConfigError
-from lra_bench.run.latest import LINK
-from lra_bench.run.lock import RunDirLock
+from lra_bench.run.rundir import LINK, RunDirLock
 
 #: the statuses `--remove` deletes; `COMPLETED` only with `--include-completed`; any other (running) never
 REMOVABLE = ("failed", "interrupted", "stopped")

@@ -14,14 +14,6 @@ from models.heads import Classifier, DualClassifier, TaskNetwork
 AttentionFactory = Callable[[int, int], Attention]
 
 
-def offset_seed(kwargs: dict[str, Any], layer: int) -> dict[str, Any]:
-    """Seeded components get `seed + 1000·layer`, so layers draw different landmarks/features while a run stays
-    reproducible from its one `seed`."""
-    if isinstance(kwargs.get("seed"), int):
-        kwargs["seed"] = kwargs["seed"] + 1000 * layer
-    return kwargs
-
-
 def build_classifier(
     *,
     vocab_size: int,

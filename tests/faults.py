@@ -1,6 +1,6 @@
 """Fault injection for the tests: a Lightning callback that a test adds to a real `run.py` process through the
 user-callback path (`+callbacks.fault._target_=tests.faults.FaultInjection`, built by
-`lra_bench.run.user_callbacks`), so the harness carries no test-only code. `fault(...)` in `tests/conftest.py`
+`lra_bench.run.build`), so the harness carries no test-only code. `fault(...)` in `tests/conftest.py`
 writes the overrides. `callbacks.fault` is logistics in the run's identity (`lra_bench.record.identity`): a run
 with a fault resumes as the same experiment without it."""
 

@@ -2,7 +2,7 @@
 
 The checkpoint's state dict (weights and buffers: GPA's codebook) is loaded strictly into a freshly built network,
 the test split is read from the task's cache in order, and the loss is numpy's log-softmax — no Lightning and none of
-the harness's test bookkeeping (`lra_bench.run.test_outputs`), which is what it checks.
+the harness's test bookkeeping (`lra_bench.run.recorder`), which is what it checks.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run's `CheckpointIO` plugin (`lra_bench.run.checkpoint_io`): why Lightning's own write is not used (checked
+"""The run's `CheckpointIO` plugin (`lra_bench.run.checkpoints`): why Lightning's own write is not used (checked
 on the installed Lightning: if it turns atomic across filesystems, the first test fails and says so), that ours
 leaves the previous file or none on a full disk, and that a resume's checkpoint reaches Lightning without a
 second read of the file."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from lra_bench.run.checkpoint_io import RunCheckpointIO
+from lra_bench.run.checkpoints import RunCheckpointIO
 from tests.conftest import small_tmpfs
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from lra_bench.record.identity import fingerprint, run_identity
 from lra_bench.run.build import build_datamodule
-from lra_bench.run.run_state import data_identity_of
+from lra_bench.run.rundir import data_identity_of
 from tests.conftest import TINY_LISTOPS, compose, write_listops
 
 

@@ -294,7 +294,7 @@ def test_the_kernels_are_in_the_identity_but_not_in_the_architecture_or_the_prot
     from lra_bench.errors import ConfigError
     from lra_bench.record import conformance
     from lra_bench.record.identity import config_identity, fingerprint
-    from lra_bench.run.checkpoint_identity import META_FORMAT, META_KEY, check_fits
+    from lra_bench.run.checkpoints import META_FORMAT, META_KEY, check_fits
     from tests.conftest import compose
 
     def identity(*overrides: str) -> dict[str, Any]:
@@ -316,7 +316,7 @@ def test_the_kernels_are_in_the_identity_but_not_in_the_architecture_or_the_prot
 def test_a_run_made_before_the_choice_keeps_its_fingerprint_on_the_eager_path() -> None:
     """Committed evidence from before `model.kernels` existed (spectral's faithful seed 0) is the experiment today's
     eager config makes, fingerprint and all, whether the config names the choice or takes its default: an
-    in-progress snapshot of it resumes into its folder (`run_state.check_same_experiment` compares fingerprints),
+    in-progress snapshot of it resumes into its folder (`rundir.check_same_experiment` compares fingerprints),
     and its seeds stay one leaderboard row."""
     from lra_bench.config.compose import compose_config
     from lra_bench.config.plain import plain_dict

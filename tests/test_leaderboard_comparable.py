@@ -42,7 +42,7 @@ def _write(
     """One completed run's `results.json`, built as `run.py` builds it, with the measured numbers given."""
     from lra_bench.record.builder import new_record
     from lra_bench.run.pretrain import resolve_stage
-    from lra_bench.run.start import identify
+    from lra_bench.run.train import identify
 
     cfg = compose(overrides)
     resolve_stage(cfg)

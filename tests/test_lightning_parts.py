@@ -1,7 +1,7 @@
 """Lightning's parts where they serve, ours where they do not — and the reasons, checked on the installed Lightning.
 
 * `ModelCheckpoint(save_last=True)` misses a run's final state and `save_on_exception` saves a NaN-poisoned one:
-  the two facts `lra_bench.run.checkpointing` keeps its own `last.ckpt` for (if Lightning changes, these fail and
+  the two facts `lra_bench.run.checkpoints` keeps its own `last.ckpt` for (if Lightning changes, these fail and
   say that its part may now serve);
 * user callbacks are `_target_` nodes under `callbacks:` (`+callbacks.x._target_=...` on the command line);
 * `val_acc_best` survives a resume (its MaxMetric state is in the checkpoint);
@@ -20,7 +20,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from lra_bench.errors import ConfigError
-from lra_bench.run import checkpointing
+from lra_bench.run import checkpoints
 from tests.conftest import TINY_LISTOPS, compose, fault
 
 
@@ -65,7 +65,7 @@ def _step(path: Path) -> int:
 
 def test_lightning_save_last_misses_the_final_state_ours_does_not(tmp_path: Path) -> None:
     theirs = ModelCheckpoint(dirpath=tmp_path / "theirs", save_last=True, every_n_train_steps=3, save_top_k=1)
-    ours = checkpointing.LastCheckpoint(tmp_path / "ours", every_n_train_steps=3)
+    ours = checkpoints.LastCheckpoint(tmp_path / "ours", every_n_train_steps=3)
     _fit(tmp_path, [theirs, ours], max_steps=7)
     assert _step(tmp_path / "theirs" / "last.ckpt") == 6  # Lightning 2.6: the run's last step (7) never got there
     assert _step(tmp_path / "ours" / "last.ckpt") == 7
@@ -74,7 +74,7 @@ def test_lightning_save_last_misses_the_final_state_ours_does_not(tmp_path: Path
 
 def test_lightning_exception_checkpoints_save_a_poisoned_state_ours_does_not(tmp_path: Path) -> None:
     theirs = OnExceptionCheckpoint(dirpath=str(tmp_path / "theirs"))
-    ours = checkpointing.LastCheckpoint(tmp_path / "ours", every_n_train_steps=100)
+    ours = checkpoints.LastCheckpoint(tmp_path / "ours", every_n_train_steps=100)
     with pytest.raises(FloatingPointError):
         _fit(tmp_path, [theirs, ours], module=_Tiny(poison_at=3))
     saved = torch.load(tmp_path / "theirs" / "on_exception.ckpt", map_location="cpu", weights_only=True)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from lra_bench.config.plain import plain_dict
-from lra_bench.registry import build_attention
-from lra_bench.run.build import build_network, selector_node
+from lra_bench.registry import build_attention, selector_node
+from lra_bench.run.build import build_network
 from models.attention.linformer import LinformerAttention
 from tests.conftest import compose
 

@@ -55,7 +55,7 @@ def recorded_conformance(overrides: list[str]) -> dict[str, Any]:
     from lra_bench.config.validate import check_rules
     from lra_bench.record import conformance
     from lra_bench.record.builder import new_record
-    from lra_bench.run.start import identify
+    from lra_bench.run.train import identify
 
     cfg = compose(overrides)
     conformance.derive_run_keys(cfg)  # train(): validate (check_components first), then the stage keys

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from lra_bench.config.validate import validate
 from lra_bench.errors import ConfigError
 from lra_bench.run.module import LRAModule, adamw_with_schedule
-from lra_bench.run.schedule import check_schedule, warmup_warning
+from lra_bench.run.train import check_schedule, warmup_warning
 from tests.conftest import TINY_LISTOPS, compose, run_cli
 
 LR, WARMUP, TOTAL = 1e-4, 1000, 5000

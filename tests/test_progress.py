@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench.run.progress import progress_mode
+from lra_bench.run.terminal import progress_mode
 from tests.conftest import TINY_LISTOPS, fault, run_cli
 from tests.terminal import run_in_terminal
 

@@ -235,7 +235,7 @@ def test_gathered_outputs_are_the_split_once_in_order(size: int, world: int, bat
     """Each rank predicts what the real `DistributedSampler(shuffle=False)` gives it (padded with the split's first
     examples); the all-gather order is (position, rank). The result must be every example once, in order, with the
     prediction made for its original position — never a padding copy's."""
-    from lra_bench.run.test_outputs import _in_split_order
+    from lra_bench.run.recorder import _in_split_order
 
     data = torch.utils.data.TensorDataset(torch.arange(size))
     per_rank = []
@@ -258,7 +258,7 @@ def test_gathered_outputs_are_the_split_once_in_order(size: int, world: int, bat
 
 
 def test_outputs_that_are_not_a_prefix_are_not_written() -> None:
-    from lra_bench.run.test_outputs import _in_split_order
+    from lra_bench.run.recorder import _in_split_order
 
     rows = np.array([[0, 2, 3], [1, 1, 1], [1, 1, 1]])
     result, problem = _in_split_order(rows, np.zeros(3), 10)

@@ -2,7 +2,7 @@
 
 That needs the data order restored mid-epoch (`tasks.base.ResumableSampler`, a pure function of seed, epoch and
 position, the position being `global_step` restored by Lightning), the dropout RNG restored
-(`lra_bench.run.checkpointing.RNGState`) and a `last.ckpt` that is written periodically and after validations
+(`lra_bench.run.checkpoints.RNGState`) and a `last.ckpt` that is written periodically and after validations
 (`LastCheckpoint`). Deterministic CPU training, so "the same" means bit-identical weights.
 """
 

@@ -1,4 +1,4 @@
-"""The run-dir lock (`lra_bench.run.lock`, on filelock): one holder per run dir, the refusal names the holder's
+"""The run-dir lock (`lra_bench.run.rundir`, on filelock): one holder per run dir, the refusal names the holder's
 PID, a refusal leaves the holder's file alone, and the kernel frees the lock when the holder is killed. The
 two-`run.py` case through the CLI is `tests/test_run_dir.py` (slow tier)."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from lra_bench.errors import ConfigError
-from lra_bench.run.lock import LOCK_FILE, RunDirLock, check_free
+from lra_bench.run.rundir import LOCK_FILE, RunDirLock, check_free
 from tests.conftest import REPO
 
 HOLD = (
-    "import sys, time; sys.path.insert(0, {repo!r}); from lra_bench.run.lock import RunDirLock; "
+    "import sys, time; sys.path.insert(0, {repo!r}); from lra_bench.run.rundir import RunDirLock; "
     "lock = RunDirLock({run_dir!r}).acquire(); print('held', flush=True); time.sleep(120)"
 )
 

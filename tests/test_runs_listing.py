@@ -17,7 +17,7 @@ from PIL import Image
 
 from lra_bench.config.setup import MAX_NAME, override_items
 from lra_bench.record import results
-from lra_bench.run.lock import RunDirLock
+from lra_bench.run.rundir import RunDirLock
 from tests.conftest import REPO, TINY_LISTOPS, run_cli
 
 ARGS = [*TINY_LISTOPS, "attn=full", "seed=3", "diagnostics.enabled=false"]
@@ -144,7 +144,7 @@ def test_a_resumed_runs_curve_joins_its_attempts_and_counts_steps_done(tmp_path:
     """Two attempts in Lightning's CSV layout (`csv/version_N/metrics.csv`, the step index of the step just taken):
     the second resumed from step 3, so its rows replace the first's from there; rows after training (test,
     efficiency) are no curve's."""
-    from lra_bench.run.curves import read_metrics
+    from lra_bench.record.curves import read_metrics
 
     first = tmp_path / "csv" / "version_0"
     second = tmp_path / "csv" / "version_1"

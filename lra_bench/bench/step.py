@@ -87,8 +87,8 @@ def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> An
 
 
 def faithful_network(cfg: Any) -> torch.nn.Module:
-
-    from lra_bench.run.build import build_network, selector_node
+    from lra_bench.registry import selector_node
+    from lra_bench.run.build import build_network
 
     return build_network(
         vocab_size=int(cfg.task.vocab_size),

@@ -228,7 +228,7 @@ def preflight(
         run_dir = Path(str(OmegaConf.select(cfg, output_key)))
         check_writable(run_dir, key=output_key)
         if os.environ.get("LOCAL_RANK", "0") == "0":  # (DDP ranks > 0 run inside rank 0's launch, and its lock)
-            from lra_bench.run.lock import check_free
+            from lra_bench.run.rundir import check_free
 
             check_free(run_dir)  # another process trains there: refuse before Hydra writes into its dir
         return cfg

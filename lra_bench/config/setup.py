@@ -76,7 +76,7 @@ def run_dir(run_name: str | None, override_dirname: str | None) -> str:
 
     The same command therefore lands in the same folder — which is what makes re-running it resume from
     `last.ckpt` — while any change of an override gives a new folder. (Keys left out of the name, e.g. `data_dir`,
-    can still make another experiment: `lra_bench.run.run_state` refuses to mix two in one folder.) Every name is
+    can still make another experiment: `lra_bench.run.rundir` refuses to mix two in one folder.) Every name is
     made of `PASTEABLE` characters, so `ckpt_path=<run dir>/checkpoints/last.ckpt` works unquoted, and a long one is
     shortened by whole items (`shorten`): a name never shows a cut value (`gen_num_test-12` for 128).
     """

@@ -311,7 +311,7 @@ def check_ckpt_path(cfg: DictConfig) -> None:
     value = cfg.get("ckpt_path")
     if value in RESUME_CHOICES:
         return
-    from lra_bench.run.checkpointing import require_usable
+    from lra_bench.run.checkpoints import require_usable
 
     path = Path(str(value)).expanduser()
     if not path.is_file():
@@ -334,8 +334,8 @@ def check_writable(output_dir: str | Path, key: str = "output dir") -> None:
 
 
 def check_run_name(cfg: DictConfig) -> None:
-    """`run_name=latest` would land in the link to the newest run (`lra_bench.run.latest`), i.e. in another run."""
-    from lra_bench.run.latest import LINK
+    """`run_name=latest` would land in the link to the newest run (`lra_bench.run.rundir`), i.e. in another run."""
+    from lra_bench.run.rundir import LINK
 
     if str(cfg.get("run_name")) == LINK:
         raise ConfigError(
@@ -372,7 +372,7 @@ def callback_nodes(cfg: DictConfig) -> dict[str, DictConfig]:
 
 
 def check_callback_targets(cfg: DictConfig) -> None:
-    """Each `callbacks.<name>._target_` imports (built later, in `lra_bench.run.user_callbacks`)."""
+    """Each `callbacks.<name>._target_` imports (built later, in `lra_bench.run.build`)."""
     from hydra.utils import get_object
 
     # get_object logs a failed lookup at ERROR (three lines) before it re-raises; the ConfigError below is the one

@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from lra_bench.config.plain import plain_dict
 from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
-from lra_bench.run.progress import say
+from lra_bench.run.terminal import say
 from models.attention.base import Attention
 from models.encoder import MultiHeadAttention
 

@@ -8,7 +8,7 @@
 * y: test accuracy on one task, or the LRA 5-task average (`avg5`) for methods with all five tasks; for the average,
   x is the geometric mean of the five tasks' relative speeds.
 * bubble area ∝ peak memory (MiB on a task chart; relative to full attention, geometric mean over tasks, on the
-  average chart). On CPU runs peak memory is the process's peak RSS (see `lra_bench.run.efficiency`).
+  average chart). On CPU runs peak memory is the process's peak RSS (see `lra_bench.run.metrics`).
 * The Pareto frontier — methods no other method beats on both speed and accuracy — is drawn and listed, among the
   on-protocol points only: an off-protocol or unchecked point is drawn (hollow, its label marked ⚠ and naming its
   variant) but is neither on the frontier nor allowed to push an on-protocol point off it.

@@ -53,7 +53,7 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
 def rank_budget(cfg: DictConfig) -> int | None:
     """The rank budget block 0's attention spends at the run's sequence length — its landmarks, features or
     projection rows (`"log2"` → ⌈log₂ n⌉, a formula rule → its value): the attention is built through
-    `lra_bench.run.build.attention_factory`, the model's own path, and asked (`Attention.rank_budget`). None for
+    `lra_bench.registry.attention_factory`, the model's own path, and asked (`Attention.rank_budget`). None for
     an attention without a rank knob (exact attention), or when the config cannot build one (a failed job's
     record: then the knob's value if it is already an int)."""
     from lra_bench.registry import ATTENTIONS
@@ -65,7 +65,7 @@ def rank_budget(cfg: DictConfig) -> int | None:
     if knob is None:
         return None
     try:
-        from lra_bench.run.build import attention_factory, selector_node
+        from lra_bench.registry import attention_factory, selector_node
         from models.encoder import Encoder
 
         model = plain_dict(cfg.model)

@@ -10,8 +10,8 @@ Keys in `LOGISTICS` never change a result and are left out; everything else is i
 identity by default (the safe side: two runs that differ in an unknown key are never pooled).
 
 Who uses what: the run stores `identity.json` in its run dir and refuses to resume into another fingerprint
-(`lra_bench.run.run_state`); checkpoints carry the identity, and a checkpoint whose `ARCHITECTURE` keys differ
-from the run's is refused (`lra_bench.run.checkpoint_identity`); the leaderboard makes one row per
+(`lra_bench.run.rundir`); checkpoints carry the identity, and a checkpoint whose `ARCHITECTURE` keys differ
+from the run's is refused (`lra_bench.run.checkpoints`); the leaderboard makes one row per
 `fingerprint(seed_free(identity))` and labels rows by `differing_keys`.
 """
 

@@ -96,7 +96,7 @@ class DataInfo(Section):
 
 @dataclass
 class Identified:
-    """What a run's identity check found (`lra_bench.run.start.identify`): the values the record stores."""
+    """What a run's identity check found (`lra_bench.run.train.identify`): the values the record stores."""
 
     identity: dict[str, Any]
     fingerprint: str

@@ -1,22 +1,70 @@
-"""From a composed config to the objects of a run: the data module, the network (with one attention per block).
+"""Building a run: the user's callbacks, the data module and the network from a composed config, and what both stages
+that run a Trainer build the same way (the LightningModule, the Trainer's arguments and plugins).
+
+Lightning callbacks a user adds as `_target_` nodes under `callbacks:` (a config, or the command line:
+`+callbacks.lr_monitor._target_=pytorch_lightning.callbacks.LearningRateMonitor`).
+
+The harness's own callbacks are built in `lra_bench.run.train` (each carries a guarantee: resume, NaN stop, the
+record's numbers), so a config cannot drop one by accident; `_target_` nodes only add. Their targets are checked
+when the run starts (`lra_bench.config.validate.check_callback_targets`); building one that fails, or that is not a
+Lightning callback, is one line naming the node.
+
+From a composed config to the objects of a run: the data module, the network (with one attention per block).
 
 The one place that turns config nodes into components through `lra_bench.registry`; training, evaluation and the
 approximation study's model capture all build through it, so a checkpoint is always rebuilt the way it was made.
+
+What both stages that run a Trainer (`train`, `evaluation`) build the same way: the LightningModule, the
+Trainer's arguments and plugins, and the data on every rank.
+
+Both import them from here (evaluation once imported them from `train`, private helpers included: an import cycle).
 """
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytorch_lightning as pl
+from hydra.utils import instantiate
 from omegaconf import DictConfig
+from pytorch_lightning.plugins.environments import SLURMEnvironment
 
 from lra_bench.config.plain import plain_dict
+from lra_bench.config.validate import callback_nodes
 from lra_bench.errors import ConfigError
-from lra_bench.registry import ATTENTIONS, TASKS, build_attention, build_selector
-from models.attention.base import Attention
-from models.build import AttentionFactory, build_classifier, offset_seed
+from lra_bench.registry import TASKS, attention_factory, selector_node
+from lra_bench.run import pretrain
+from lra_bench.run.module import LRAModule
+from lra_bench.run.pretrained import PretrainedSource, load_encoder
+from models.build import build_classifier
 from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import extra_tokens
+
+# --- user callbacks ------------------------------------------------------------------------------------------------
+
+
+def instantiate_callbacks(cfg: DictConfig) -> list[pl.Callback]:
+    out: list[pl.Callback] = []
+    for name, node in callback_nodes(cfg).items():
+        try:
+            callback: Any = instantiate(node)
+        except Exception as err:  # bad arguments, a failing constructor
+            cause = err.__cause__ or err
+            raise ConfigError(f"callbacks.{name}: {node['_target_']} failed: {type(cause).__name__}: {cause}") from None
+        if not isinstance(callback, pl.Callback):
+            raise ConfigError(
+                f"callbacks.{name}._target_={node['_target_']} is a {type(callback).__name__}, not a Lightning "
+                "callback (pytorch_lightning.Callback)"
+            )
+        out.append(callback)
+    return out
+
+
+# --- build ---------------------------------------------------------------------------------------------------------
 
 
 def build_datamodule(cfg: DictConfig) -> Any:
@@ -39,40 +87,8 @@ def build_datamodule(cfg: DictConfig) -> Any:
             raise
         raise ConfigError(f"task={cfg.task.name}: {err}") from None
     if cfg.get("stage") == "pretrain":
-        from lra_bench.run.pretrain import pretraining_data
-
-        return pretraining_data(cfg, dm)
+        return pretrain.pretraining_data(cfg, dm)
     return dm
-
-
-def selector_node(cfg: DictConfig) -> dict[str, Any] | None:
-    """The selector's config node, or None when the attention takes no selector."""
-    if not ATTENTIONS.get(cfg.attn.name).takes_selector:
-        return None
-    return plain_dict(cfg.selector)
-
-
-def attention_factory(
-    attn: dict[str, Any], selector: dict[str, Any] | None, *, num_heads: int, head_dim: int
-) -> AttentionFactory:
-    """Each block's attention (and its own selector instance), seeded `seed + 1000·layer` (`offset_seed`)."""
-    name = attn["name"]
-    params = ATTENTIONS.params(name, attn)
-
-    def make(layer: int, total_len: int) -> Attention:
-        sel = None
-        if selector is not None:
-            sel = build_selector(selector["name"], **offset_seed(dict(selector), layer))
-        return build_attention(
-            name,
-            head_dim=head_dim,
-            num_heads=num_heads,
-            seq_len=total_len,
-            selector=sel,
-            **offset_seed(dict(params), layer),
-        )
-
-    return make
 
 
 def build_network(
@@ -113,9 +129,7 @@ def build_model(cfg: DictConfig, dm: Any) -> TaskNetwork | LanguageModel:
         selector=selector_node(cfg),
     )
     if cfg.get("stage") == "pretrain":
-        from lra_bench.run.pretrain import language_model
-
-        return language_model(cfg, network, dm)
+        return pretrain.language_model(cfg, network, dm)
     return network
 
 
@@ -126,3 +140,75 @@ def check_run_config(cfg: DictConfig) -> None:
 
     validate(cfg)
     build_datamodule(cfg)
+
+
+# --- parts ---------------------------------------------------------------------------------------------------------
+
+
+def build_module(
+    cfg: DictConfig, dm: Any, source: PretrainedSource | None = None, pretrain_info: dict[str, Any] | None = None
+) -> pl.LightningModule:
+    """The network `cfg` describes in its training wrapper: the LM objective for `stage=pretrain`
+    (`pretrain_info` given), else the classifier, with a pretrained encoder when `source` is given."""
+    model = build_model(cfg, dm)
+    if pretrain_info is not None:  # stage=pretrain: the LM objective (lra_bench.run.pretrain)
+        if not isinstance(model, LanguageModel):
+            raise TypeError(f"stage=pretrain built a {type(model).__name__}, not a LanguageModel")
+        return pretrain.build_pretrain_module(cfg, dm, model, {k: v for k, v in pretrain_info.items() if k != "curve"})
+    if isinstance(model, LanguageModel):
+        raise TypeError("a LanguageModel outside stage=pretrain")
+    if source is not None:  # pretrained=: the pretrained encoder, a fresh head (lra_bench.run.pretrained)
+        load_encoder(model, source)
+    return LRAModule(model, dm.num_classes, plain_dict(cfg.optim), int(cfg.trainer.max_steps))
+
+
+def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    kwargs = plain_dict(cfg.trainer)
+    kwargs["gradient_clip_val"] = cfg.optim.grad_clip_val
+    kwargs["gradient_clip_algorithm"] = cfg.optim.grad_clip_algorithm
+    return kwargs
+
+
+def slurm_plugins() -> list[Any]:
+    """Under SLURM exactly one component owns requeueing: submitit (or the user's sbatch), not Lightning.
+
+    Lightning would otherwise pick `SLURMEnvironment(auto_requeue=True)` by itself (a SIGUSR1 handler that
+    requeues, and a SIGTERM bypass) whenever the job runs under srun. Lightning's plain SIGTERM notifier stays:
+    it only stops training at the next step boundary.
+    """
+    if "SLURM_JOB_ID" not in os.environ:
+        return []
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def launch_token() -> str:
+    """The same string on every rank of one launch (srun tasks, or ddp children of one parent), new per launch."""
+    if "SLURM_JOB_ID" in os.environ:
+        return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return f"pid-{os.getppid() if os.environ.get('LOCAL_RANK', '0') != '0' else os.getpid()}"
+
+
+def prepare_data(dm: Any, output_dir: Path, is_zero: bool, timeout_s: float = 6 * 3600) -> None:
+    """Rank 0 generates/caches the data; other ranks wait for its marker, then load the cache (no races)."""
+    marker = output_dir / ".data-ready"
+    token = launch_token()
+    if is_zero:
+        dm.prepare_data()
+        dm.setup()
+        marker.write_text(token + "\n")
+        return
+    deadline = time.monotonic() + timeout_s
+    while not (marker.exists() and marker.read_text().strip() == token):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not prepare the data within {timeout_s:.0f}s ({marker})")
+        time.sleep(1.0)
+    dm.setup()
+
+
+def majority_share(dm: Any) -> float | None:
+    """The share of the validation split's most common label: the accuracy a constant guess gets."""
+    split = dm.splits.get("val")
+    if split is None or len(split) == 0:
+        return None
+    _, counts = np.unique(np.asarray(split.table["label"]), return_counts=True)
+    return float(counts.max() / counts.sum())

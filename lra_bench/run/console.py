@@ -9,16 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
 from lra_bench.config.plain import plain_dict
+from lra_bench.record.curves import FILENAME as CURVES
 from lra_bench.record.reader import typed
 from lra_bench.reports.terminal import table_console
-from lra_bench.run.curves import FILENAME as CURVES
-from lra_bench.run.runlog import to_log_only
+from lra_bench.run.terminal import to_log_only
 
 ORDER = ("task", "attn", "selector", "protocol", "model", "optim", "data", "trainer", "logger", "diagnostics")
 
@@ -58,8 +60,6 @@ QUICK_LOOK = "cpu_small"
 
 def chosen_preset() -> str | None:
     """The `experiment=` preset this Hydra job was composed with; None without one (or outside Hydra)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     choice = HydraConfig.get().runtime.choices.get("experiment")
@@ -225,9 +225,6 @@ def resume_command(cfg: DictConfig, output_dir: Path) -> str:
     as `experiment=demo`'s; another `ckpt_path`) this job's overrides with `hydra.run.dir=` this folder, where the
     default `ckpt_path=last` resumes. The program is `run.py` as typed, or the repository's own where this process
     was not started as it (a SLURM job's is submitit's `_submit.py`)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     from lra_bench.reproduce import REPO
 
     program = sys.argv[0] if Path(sys.argv[0]).name == "run.py" else str(REPO / "run.py")

@@ -1,6 +1,6 @@
 """The one way into a run: `run_stage(cfg, output_dir)` settles the config, takes the run dir's lock, and runs the
 stage the config asks for: training (`lra_bench.run.train`), testing one checkpoint (`train=false`,
-`lra_bench.run.evaluation`), or self-pretraining then fine-tuning (`stage=spt`: the plan `lra_bench.run.spt.stages`
+`lra_bench.run.evaluation`), or self-pretraining then fine-tuning (`stage=spt`: the plan `lra_bench.run.pretrain.stages`
 makes, each stage through `run_stage` again, so each gets its own lock and record).
 
 Why one entry: each stage used to validate, lock and dispatch on its own (train dispatched to the other two); now
@@ -8,7 +8,7 @@ the stages only run, and whatever must happen before any of them writes happens 
 torch threads (the record's `env.runtime` says what the run used), the stage keys (`pretraining` derived, a
 `pretrained=` source checked), the encoder's kernel path (`model.kernels=fused` where it cannot run is set to the eager
 path that will run, and said), the launcher (a ddp script launcher inside a multirun is refused), the run dir is
-writable, then rank 0 takes the lock (`lra_bench.run.lock`: a live run's folder is refused with its holder's PID,
+writable, then rank 0 takes the lock (`lra_bench.run.rundir`: a live run's folder is refused with its holder's PID,
 before any record is written).
 """
 
@@ -29,9 +29,9 @@ from lra_bench import runtime
 from lra_bench.config.validate import check_writable, validate_once
 from lra_bench.errors import ConfigError
 from lra_bench.record import conformance
-from lra_bench.run import spt
+from lra_bench.run import pretrain
 from lra_bench.run.evaluation import evaluate
-from lra_bench.run.lock import RunDirLock
+from lra_bench.run.rundir import RunDirLock
 from lra_bench.run.train import train
 from models.encoder import UNSET_KERNELS, kernels_that_run
 
@@ -40,7 +40,7 @@ def run_stage(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Run the stage `cfg` asks for in `output_dir`; return its result record (also in `results.json`)."""
     if cfg.get("stage") == "spt":
         record: dict[str, Any] = {}
-        for stage_cfg, stage_dir in spt.stages(cfg, output_dir):
+        for stage_cfg, stage_dir in pretrain.stages(cfg, output_dir):
             record = run_stage(stage_cfg, stage_dir)
         return record  # the fine-tune's
     validate_once(cfg)  # the pre-flight or the sweeper checked it already: then only its components are typed

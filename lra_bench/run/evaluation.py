@@ -1,9 +1,9 @@
 """Testing exactly one checkpoint: `python run.py train=false ckpt_path=PATH` and `python -m lra_bench.evaluate PATH`.
 
 The checkpoint's weights *and* buffers are loaded (GPA's codebook, Performer's features) by Lightning's own
-`trainer.test(ckpt_path=...)`, after `checkpoint_identity.check_fits` has refused a checkpoint of another model.
+`trainer.test(ckpt_path=...)`, after `checkpoints.check_fits` has refused a checkpoint of another model.
 So its test accuracy and loss are the ones its training run recorded when it tested that checkpoint (same
-per-example computation: `lra_bench.run.test_outputs`).
+per-example computation: `lra_bench.run.recorder`).
 
 Where the record goes: an evaluation writes `results.json` with status `evaluated` (and `evaluation` =
 {checkpoint, checkpoint_step, checkpoint_fingerprint}) plus `test_predictions.npz` into its own folder, never
@@ -26,16 +26,19 @@ from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import new_record
 from lra_bench.record.schema import RunRecord
-from lra_bench.run import checkpointing, run_state
-from lra_bench.run.build import build_datamodule
-from lra_bench.run.checkpoint_identity import check_fits, meta_of
+from lra_bench.run import checkpoints, rundir
+from lra_bench.run.build import (
+    build_datamodule,
+    build_module,
+    majority_share,
+    prepare_data,
+    slurm_plugins,
+    trainer_kwargs,
+)
+from lra_bench.run.checkpoints import CHECKPOINT_DIR, check_fits, meta_of
 from lra_bench.run.console import print_summary
-from lra_bench.run.parts import build_module, majority_share, prepare_data, slurm_plugins, trainer_kwargs
-from lra_bench.run.recorder import Recorder
-from lra_bench.run.start import identify
-from lra_bench.run.test_outputs import TestOutputs, run_test
-
-CHECKPOINT_DIR = "checkpoints"
+from lra_bench.run.recorder import Recorder, TestOutputs, run_test
+from lra_bench.run.train import identify
 
 
 def checkpoint_to_test(cfg: DictConfig, output_dir: Path) -> str:
@@ -47,7 +50,7 @@ def checkpoint_to_test(cfg: DictConfig, output_dir: Path) -> str:
             "(e.g. <run dir>/checkpoints/best-<step>.ckpt)"
         )
     if value == "last":
-        found = checkpointing.find_resumable(Path(output_dir) / CHECKPOINT_DIR).path
+        found = checkpoints.find_resumable(Path(output_dir) / CHECKPOINT_DIR).path
         if found is None:
             raise ConfigError(
                 f"train=false with ckpt_path=last: no checkpoint in {Path(output_dir) / CHECKPOINT_DIR}; "
@@ -66,7 +69,7 @@ def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     output_dir = Path(output_dir)
     is_zero = getattr(rank_zero_only, "rank", 0) == 0
     ckpt = checkpoint_to_test(cfg, output_dir)
-    existing = run_state.read_existing_record(output_dir)
+    existing = rundir.read_existing_record(output_dir)
     if existing is not None and existing.get("evaluation") is None:
         raise ConfigError(
             f"{output_dir / results.FILENAME} is a training run's record (status {existing.get('status')}); an "

@@ -94,7 +94,7 @@ class LRAModule(pl.LightningModule):
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
-        """Also returns each example's prediction and loss: `lra_bench.run.test_outputs` keeps them per example."""
+        """Also returns each example's prediction and loss: `lra_bench.run.recorder` keeps them per example."""
         losses, preds = self._step(batch)
         self.test_loss(losses)  # per example: a short last batch weighs its examples, not a whole batch
         self.test_acc(preds, batch["label"])

@@ -32,7 +32,7 @@ from lra_bench.record import results
 from lra_bench.record.identity import config_identity, fingerprint, flatten, under
 from lra_bench.record.reader import ReadRecord, lookup, read
 from lra_bench.record.schema import RunRecord
-from lra_bench.run.checkpointing import LAST, load_checkpoint
+from lra_bench.run.checkpoints import CHECKPOINT_DIR, LAST, load_checkpoint
 from models.heads import TaskNetwork
 
 #: config keys that shape the encoder (every key below them is compared, except seeds)
@@ -111,9 +111,9 @@ def _where(value: str) -> tuple[Path, Path]:
     """(checkpoint, run dir) named by `pretrained=`."""
     path = Path(value).expanduser()
     if path.is_dir():
-        return path / "checkpoints" / LAST, path
+        return path / CHECKPOINT_DIR / LAST, path
     if path.is_file() and path.suffix == ".ckpt":
-        return path, path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        return path, path.parent.parent if path.parent.name == CHECKPOINT_DIR else path.parent
     raise ConfigError(f"pretrained={value}: no such run dir or .ckpt file; give a stage=pretrain run's output dir")
 
 

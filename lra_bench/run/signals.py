@@ -6,7 +6,7 @@ tests/test_slurm_signals.py):
 
 * While Lightning runs a loop (fit, or the test of the best checkpoint), the first SIGTERM or SIGINT sets Lightning's
   own stop flag: the current step (and its validation) finishes, Lightning raises `SIGTERMException` at the step
-  boundary and `lra_bench.run.checkpointing.LastCheckpoint` saves `last.ckpt` at that step. Lightning only watches
+  boundary and `lra_bench.run.checkpoints.LastCheckpoint` saves `last.ckpt` at that step. Lightning only watches
   SIGTERM; routing Ctrl-C through the same flag is what makes Ctrl-C save too (Lightning's own KeyboardInterrupt path
   saves nothing, and a state interrupted mid-step could not be trusted anyway).
 * A second Ctrl-C stops the step at once (`KeyboardInterrupt`): the last checkpoint written stays the resume point.
@@ -17,7 +17,7 @@ tests/test_slurm_signals.py):
 * However and whenever it stopped, the run's last line (`stopped_line`) says the step the checkpoint on disk holds
   and the command that resumes from it.
 * Telling the terminal never gets in the way: under `… | tee log` Ctrl-C kills tee too, and a message written to the
-  dead pipe would raise inside the step instead of letting it finish and save (`lra_bench.run.runlog` keeps the
+  dead pipe would raise inside the step instead of letting it finish and save (`lra_bench.run.terminal` keeps the
   message in run.log).
 * The record's `error` line says what a re-run will find: the checkpoint it resumes from, and its step, or that none
   was saved (a stop before the first save starts again from step 0).
@@ -43,7 +43,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerStatus
 
-from lra_bench.run.progress import say
+from lra_bench.run.checkpoints import find_resumable
+from lra_bench.run.terminal import say
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -146,11 +147,9 @@ class StopSignals(pl.Callback):
 
     def saved(self) -> tuple[Path, int | None] | None:
         """The checkpoint a re-run resumes from, as found on disk now (the one `ckpt_path=last` takes:
-        `lra_bench.run.checkpointing.find_resumable`), relative to the run dir, and its step; None when none is."""
+        `lra_bench.run.checkpoints.find_resumable`), relative to the run dir, and its step; None when none is."""
         if self.checkpoints is None:
             return None
-        from lra_bench.run.checkpointing import find_resumable
-
         resume = find_resumable(self.checkpoints)
         if resume.path is None:
             return None

@@ -1,12 +1,34 @@
-"""The training stage: build data + model, fit, test on the best-val checkpoint, record.
+"""The training stage and what it settles before its first step: the schedule (`check_schedule`), the run's identity
+and the run dir's ownership (`identify`, `start_run`), then fit, test on the best-val checkpoint, record (`train`).
+
+Refuse schedules that cannot train or cannot produce the record's numbers, before any step is taken.
+
+A record says `completed` only when every planned step ran and the best-val checkpoint was tested. So a run is
+refused (one line with the split size, the batch and the steps) when the train split gives no optimizer step per
+epoch (a batch larger than the split: Lightning would "finish" with 0 steps), when no validation would run before
+`trainer.max_steps` (no best-val checkpoint to test), or when a split it needs is empty. After training,
+`check_steps_ran` turns a fit that returned early into a failure instead of a completion.
+
+What a training run settles before its first step: schedule, identity, run-dir ownership, the checkpoint.
+
+Called by `train` (below) once the data is prepared and the network built, before anything is written
+to a run dir that already holds a record. In order (the first two called by the stage, whose record stores what
+they find): the schedule can run (`check_schedule`); the run's identity and fingerprint, and how it
+deviates from its protocol (`identify`, `lra_bench.record.conformance`); the run dir holds this experiment or none
+(`rundir.check_same_experiment`); a run already completed is left as it is (unless `retest=true`); then
+`Start.use_checkpoint`: the checkpoint to resume from loads and was made by this model
+(`checkpoints.check_fits`, which also warns when the code changed since it was written). Every refusal is
+one `ConfigError` line, and nothing has been written to a folder that already holds a record.
+
+The training stage: build data + model, fit, test on the best-val checkpoint, record.
 
 Called by `lra_bench.run.entry.run_stage`, which has validated the config and holds the run dir's lock. Resuming is
 the default: the run's output dir is derived from its overrides (same command → same dir), and `ckpt_path=last`
 continues from `<output_dir>/checkpoints/last.ckpt` when it exists (a corrupt one falls back to `last-prev.ckpt`,
-then the best checkpoint; see `lra_bench.run.checkpointing`, which also owns requeue handling). Under DDP every
+then the best checkpoint; see `lra_bench.run.checkpoints`, which also owns requeue handling). Under DDP every
 rank runs this function; only rank 0 writes the result record, config tree and summary.
 
-Before anything is written to a run dir that already holds a record, `lra_bench.run.start` settles the schedule,
+Before anything is written to a run dir that already holds a record, the stage settles the schedule,
 the run's identity (a folder of another experiment is refused), whether the run is already completed (then its
 record is left byte-identical) and whether the checkpoint fits. The record is this stage's alone
 (`lra_bench.run.recorder`): the callbacks and helpers return or expose their numbers, and the helpers below put
@@ -26,26 +48,164 @@ from omegaconf import DictConfig
 from pytorch_lightning.callbacks import ModelCheckpoint, ModelSummary
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from lra_bench.errors import ConfigError
+from lra_bench.record import conformance
 from lra_bench.record.builder import new_record
-from lra_bench.record.schema import RunRecord
-from lra_bench.run import checkpointing, pretrain
-from lra_bench.run.build import build_datamodule
-from lra_bench.run.checkpoint_io import RunCheckpointIO
+from lra_bench.record.identity import config_identity, fingerprint, run_identity
+from lra_bench.record.schema import Identified, RunRecord
+from lra_bench.run import checkpoints, pretrain, rundir
+from lra_bench.run.build import (
+    build_datamodule,
+    build_module,
+    instantiate_callbacks,
+    majority_share,
+    prepare_data,
+    slurm_plugins,
+    trainer_kwargs,
+)
+from lra_bench.run.checkpoints import (
+    CHECKPOINT_DIR,
+    IdentityStamp,
+    Resume,
+    RunCheckpointIO,
+    check_fits,
+    warn_if_code_changed,
+)
 from lra_bench.run.console import chosen_preset, opening_line, print_config, print_summary, resume_command
-from lra_bench.run.efficiency import EfficiencyMonitor
-from lra_bench.run.latest import point_latest
-from lra_bench.run.loggers import build_loggers, finish_wandb
-from lra_bench.run.parts import build_module, majority_share, prepare_data, slurm_plugins, trainer_kwargs
+from lra_bench.run.metrics import EfficiencyMonitor, build_loggers, finish_wandb
 from lra_bench.run.pretrained import PretrainedSource
-from lra_bench.run.progress import progress_callbacks
-from lra_bench.run.recorder import Recorder
-from lra_bench.run.schedule import check_schedule, check_steps_ran, warmup_warning
+from lra_bench.run.recorder import Recorder, TestOutputs, run_test
+from lra_bench.run.rundir import point_latest
 from lra_bench.run.signals import StopSignals, tell
-from lra_bench.run.start import Start, identify, protocol_check, start_run
-from lra_bench.run.test_outputs import TestOutputs, run_test
-from lra_bench.run.user_callbacks import instantiate_callbacks
+from lra_bench.run.terminal import progress_callbacks
 
-CHECKPOINT_DIR = "checkpoints"
+# --- schedule ------------------------------------------------------------------------------------------------------
+
+
+def _size(dm: Any, split: str) -> int:
+    data = dm.splits.get(split)
+    return 0 if data is None else len(data)
+
+
+def validation_interval(cfg: DictConfig, batches_per_epoch: int) -> int:
+    """Training batches between validations (`trainer.val_check_interval`: batches, or a fraction of an epoch)."""
+    value = cfg.trainer.get("val_check_interval", 1.0)
+    if isinstance(value, float) and value <= 1.0:
+        return max(1, int(batches_per_epoch * value))
+    return int(value)
+
+
+def check_schedule(cfg: DictConfig, dm: Any) -> None:
+    """Raise `ConfigError` when the planned schedule cannot run as the record will describe it."""
+    train_n, batch = _size(dm, "train"), int(cfg.data.batch_size)
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches", 1) or 1)
+    max_steps = int(cfg.trainer.max_steps)
+    steps_per_epoch = (train_n // batch) // accumulate
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"the train split has {train_n} examples: with data.batch_size={batch}"
+            + (f" and trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else "")
+            + f" that is 0 optimizer steps per epoch, so none of trainer.max_steps={max_steps} can run; use "
+            f"data.batch_size <= {train_n // accumulate if accumulate > 1 else train_n}"
+        )
+    if cfg.train and _size(dm, "val") == 0:
+        raise ConfigError(f"the val split is empty ({dm.name}): no best-val checkpoint to test; check the data")
+    limit = cfg.trainer.get("limit_val_batches", 1.0)
+    if cfg.train and limit is not None and float(limit) == 0:
+        raise ConfigError(
+            "trainer.limit_val_batches=0: no validation runs, so there is no best-val checkpoint to test; "
+            "use a positive value"
+        )
+    interval = validation_interval(cfg, train_n // batch)
+    if cfg.train and interval > max_steps * accumulate:
+        raise ConfigError(
+            f"trainer.val_check_interval={cfg.trainer.val_check_interval} ({interval} steps) > "
+            f"trainer.max_steps={max_steps}: no validation would run, so there is no best-val checkpoint to test; "
+            f"use trainer.val_check_interval <= {max_steps}"
+        )
+    tests = cfg.test and cfg.get("stage", "train") != "pretrain"  # a pretraining stage never tests
+    if tests and _size(dm, "test") == 0:
+        raise ConfigError(f"test=true but the test split is empty ({dm.name}); check the data or set test=false")
+
+
+def check_steps_ran(trained: int, planned: int) -> None:
+    """A fit that returned before `planned` steps is a failure, never a completion."""
+    if trained < planned:
+        raise RuntimeError(
+            f"training stopped after {trained} of trainer.max_steps={planned} planned steps; "
+            "re-running the same command resumes"
+        )
+
+
+def warmup_warning(cfg: DictConfig) -> str | None:
+    """One line when the learning rate never reaches `optim.lr`: `optim.warmup_steps >= trainer.max_steps`.
+
+    Every schedule (`lra_bench.run.module.adamw_with_schedule`, `onecycle` included) reaches its peak at the end of
+    the warm-up, so a run shrunk by hand (`trainer.max_steps=20` under the protocol's 1,000 warm-up steps) trains at
+    a few percent of its learning rate and typically predicts one class: trainable, but misleading, so it warns
+    instead of refusing.
+    """
+    warmup, max_steps = int(cfg.optim.get("warmup_steps", 0) or 0), int(cfg.trainer.max_steps)
+    if warmup < max_steps:
+        return None
+    reached = min(1.0, max_steps / warmup) if warmup else 1.0
+    return (
+        f"[lra-bench] warning: optim.warmup_steps={warmup} >= trainer.max_steps={max_steps}: the learning rate "
+        f"never passes the warm-up (it reaches {100 * reached:.0f}% of optim.lr={cfg.optim.lr} at the last step); "
+        f"set optim.warmup_steps below trainer.max_steps (e.g. optim.warmup_steps={max(1, max_steps // 10)}), or "
+        "try experiment=smoke / experiment=cpu_small"
+    )
+
+
+# --- start ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Start:
+    finished: dict[str, Any] | None  # the run dir's completed record of this experiment (left untouched)
+    previous: dict[str, Any] | None  # with retest=true: that completed record (its training numbers are kept)
+    stamp: IdentityStamp | None  # the callback that writes the identity into every checkpoint
+
+    def use_checkpoint(self, resume: Resume, module: Any, code: dict[str, Any] | None) -> str | None:
+        """Refuse a checkpoint that does not load or was made by another model; warn when the code changed.
+        Returns the record's `run.resumed_from` (the checkpoint's absolute path; None when starting fresh)."""
+        if not resume.path or self.stamp is None:
+            return None
+        checkpoint = check_fits(resume.path, self.stamp.identity, module, resume.checkpoint)
+        warn_if_code_changed(checkpoint, code or {}, resume.path)
+        return str(Path(resume.path).resolve())
+
+
+def protocol_check(record: RunRecord) -> dict[str, Any]:
+    """`conformance.check` of the run: from its config alone, so a run knows before its data is prepared whether
+    it is on protocol (the data part of an identity is no part of a protocol: `conformance.deviations` skips it)."""
+    identity = config_identity(record.config)
+    return conformance.check(identity, str(record.task), str(record.protocol), str(record.attn), record.selector)
+
+
+def identify(record: RunRecord, dm: Any, checked: dict[str, Any] | None = None) -> Identified:
+    """The run's identity, fingerprint and protocol deviations (`RunRecord.set_identity` stores them); `checked`:
+    the run's `protocol_check`, when it was made already."""
+    identity = run_identity(record.config, rundir.data_identity_of(dm))
+    found = checked if checked is not None else protocol_check(record)
+    return Identified(identity, fingerprint(identity), found["off_protocol"], found["deviations"])
+
+
+def start_run(cfg: DictConfig, output_dir: Path, record: RunRecord, found: Identified, is_zero: bool) -> Start:
+    """After `check_schedule` and `identify` (the record holds their findings): is the run dir this experiment's,
+    and is the run already completed there."""
+    stored = rundir.check_same_experiment(output_dir, found.identity, found.fingerprint)
+    done = rundir.finished_record(output_dir, found.fingerprint) if str(cfg.ckpt_path) == "last" else None
+    if done is not None and not cfg.get("retest"):
+        return Start(finished=done, previous=None, stamp=None)
+    if is_zero and stored is None:
+        rundir.write_identity(output_dir, found.identity, found.fingerprint, record.code or {})
+    stamp = IdentityStamp(found.identity, found.fingerprint, record.config, record.code or {})
+    return Start(finished=None, previous=done, stamp=stamp)
+
+
+# --- train ---------------------------------------------------------------------------------------------------------
+
 EFFICIENCY_KEYS = (
     "step_time_median_s",
     "timed_steps",
@@ -75,7 +235,7 @@ def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = N
     recorder.write()
     if is_zero:
         print_config(cfg, save_to=output_dir / "config_tree.log", terminal=bool(cfg.print_config))
-    requeue = checkpointing.SubmititRequeue(grace_s=requeue_grace_s())
+    requeue = checkpoints.SubmititRequeue(grace_s=requeue_grace_s())
     stop = StopSignals(output_dir / CHECKPOINT_DIR).install()  # SIGTERM/Ctrl-C: finish the step, save, exit 143/130
     trainer: pl.Trainer | None = None
     start: Start | None = None
@@ -153,7 +313,7 @@ def prepare(
 
 def resume_checked(
     cfg: DictConfig, output_dir: Path, recorder: Recorder, start: Start, module: pl.LightningModule
-) -> checkpointing.Resume:
+) -> checkpoints.Resume:
     """The checkpoint to continue from, checked to fit; then the run owns its folder's record and says so."""
     record = recorder.record
     resume = resume_from(cfg, output_dir)
@@ -167,16 +327,16 @@ def resume_checked(
     return resume
 
 
-def resume_from(cfg: DictConfig, output_dir: Path) -> checkpointing.Resume:
-    """The checkpoint this run continues from, loaded once (see `lra_bench.run.checkpoint_io`)."""
+def resume_from(cfg: DictConfig, output_dir: Path) -> checkpoints.Resume:
+    """The checkpoint this run continues from, loaded once (see `lra_bench.run.checkpoints`)."""
     if cfg.ckpt_path in (None, "none", "null"):
-        return checkpointing.Resume()
+        return checkpoints.Resume()
     if cfg.ckpt_path == "last":
-        resume = checkpointing.find_resumable(output_dir / CHECKPOINT_DIR)
-        checkpointing.log_resume(resume)
+        resume = checkpoints.find_resumable(output_dir / CHECKPOINT_DIR)
+        checkpoints.log_resume(resume)
         return resume
     path = Path(str(cfg.ckpt_path)).expanduser()  # (validate() checked it too; the file may have changed since)
-    return checkpointing.Resume.of(path, checkpointing.load_usable(path, shown=cfg.ckpt_path))
+    return checkpoints.Resume.of(path, checkpoints.load_usable(path, shown=cfg.ckpt_path))
 
 
 def assemble_callbacks(
@@ -199,10 +359,10 @@ def assemble_callbacks(
         efficiency=EfficiencyMonitor(warmup_steps=int(cfg.callbacks.stats_warmup_steps)),
         test_outputs=TestOutputs(),
     )
-    last = checkpointing.LastCheckpoint(output_dir / CHECKPOINT_DIR, cfg.callbacks.checkpoint_every_n_steps)
+    last = checkpoints.LastCheckpoint(output_dir / CHECKPOINT_DIR, cfg.callbacks.checkpoint_every_n_steps)
     callbacks: list[pl.Callback] = [
-        checkpointing.FiniteGuard(),  # before the checkpoint callbacks (Lightning runs those last)
-        checkpointing.RNGState(),
+        checkpoints.FiniteGuard(),  # before the checkpoint callbacks (Lightning runs those last)
+        checkpoints.RNGState(),
         watched.best,
         last,
         *stops,
@@ -314,18 +474,18 @@ def requeue_grace_s() -> float:
 def checkpoint_step(path: str | None) -> int | None:
     if not path:
         return None
-    return int(checkpointing.load_checkpoint(path).get("global_step", 0))
+    return int(checkpoints.load_checkpoint(path).get("global_step", 0))
 
 
 def model_summary(cfg: DictConfig) -> list[pl.Callback]:
-    """Lightning's plain layer table, which it logs (so it lands in run.log only: `lra_bench.run.quiet`); with rich
+    """Lightning's plain layer table, which it logs (so it lands in run.log only: `lra_bench.run.terminal`); with rich
     installed Lightning would pick its rich table, printed straight to the terminal."""
     return [ModelSummary()] if cfg.trainer.get("enable_model_summary", True) else []
 
 
 def draw_curves(output_dir: Path, record: dict[str, Any]) -> None:
     """`curves.png` beside the record; a failure to draw is one line, never the run's failure."""
-    from lra_bench.run.curves import write_curves  # matplotlib and pandas: only when a run ends
+    from lra_bench.record.curves import write_curves  # matplotlib and pandas: only when a run ends
 
     try:
         write_curves(output_dir, record)

@@ -1,11 +1,32 @@
-"""Checkpoints for long, preemptible runs: what is saved when, how a resume picks its file, and who requeues.
+"""Checkpoints and resume: how each file is written (atomically, `RunCheckpointIO`), what is saved when and which
+file a resume picks (`LastCheckpoint`, `find_resumable`), who requeues (`SubmititRequeue`), the NaN stop and the RNG
+state, and what a checkpoint says about the experiment that made it (`IdentityStamp`, `check_fits`).
 
-Why this module exists:
+How every checkpoint of a run is written and read: Lightning's `TorchCheckpointIO`, with two changes.
+
+* **Atomic in the checkpoint's own folder.** Lightning 2.6.6 writes through an fsspec transaction: `torch.save`
+  into a temp file from `tempfile.mkstemp()` (in `$TMPDIR`), then `shutil.move` onto the final path. That is a
+  rename only when `$TMPDIR` and the run dir share a filesystem; across filesystems (a node-local /tmp, a run dir
+  on shared storage) `shutil.move` copies into the final path, and a full disk or a kill mid-copy leaves a
+  truncated file there. Measured with 2.6.6: a 160 kB checkpoint saved into a 96 kB tmpfs raised ENOSPC and left
+  a 96 kB `best-4.ckpt` that does not load. Here the temp file is this process's own file beside the target
+  (`tasks.files.unique_tmp`), renamed into place; on any failure it is removed and the target keeps its
+  previous content. The whole checkpoint also never has to fit into `$TMPDIR`.
+* **A resume reads its file once.** The run validates the checkpoint it resumes from by loading it (weights-only,
+  `read_checkpoint`) and checks its identity on that same dict; `preload` hands the
+  dict to Lightning's `trainer.fit(ckpt_path=…)`, which would otherwise read the file again. The hand-over is
+  one-shot and keyed by the resolved path, so any other load (the best checkpoint for the test) reads its file.
+
+Only global rank 0 saves (Lightning's strategy calls `save_checkpoint` on rank 0 only).
+
+Checkpoints for long, preemptible runs: what is saved when, how a resume picks its file, and who requeues.
+
+Why these parts exist:
 
 * Lightning's parts where they give the guarantee, ours where they do not — checked against the installed
   pytorch-lightning 2.6.6 by tests/test_lightning_parts.py, which fails the day Lightning changes:
   - best-val checkpoints are Lightning's `ModelCheckpoint`; every file is written atomically in its own folder by
-    the run's `CheckpointIO` plugin (`lra_bench.run.checkpoint_io`, which says why Lightning's own write is not);
+    the run's `CheckpointIO` plugin (`RunCheckpointIO`: why Lightning's own write is not, above);
   - `last.ckpt` is ours. `ModelCheckpoint(save_last=True, every_n_train_steps=N)` writes it every N steps, but after
     a validation only when a top-k file was written at that step, and at the end of training only if it never
     wrote one (`on_train_end` checks `_last_checkpoint_saved`): a run whose `max_steps` is not a multiple of N never
@@ -28,21 +49,43 @@ Why this module exists:
   `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
   (Lightning has no callback for this; `torch.random.fork_rng` guards the RNG where diagnostics must not draw.)
 * `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off (see
-  `lra_bench.run.parts.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
+  `lra_bench.run.build.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
   step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step (and its validation) and raises
   `SIGTERMException` → `LastCheckpoint` saves → `train()` records the stop and calls submitit's own handler,
   which requeues the job and exits. If no step boundary comes within `grace_s` (half the launcher's
   `signal_delay_s`), an alarm hands over to submitit at once (the periodic `last.ckpt` then serves). A plain
   SIGTERM (`scontrol requeue`, preemption, `scancel`) takes the same graceful path within SLURM's KillWait;
   SLURM itself requeues those jobs.
+
+What a checkpoint says about the experiment that made it, and the checks a run makes before using one.
+
+Every checkpoint the harness writes carries, under the top-level key `lra_bench` (plain types, so it loads with
+`weights_only=True`):
+
+    format       "lra-bench/checkpoint-meta/1"
+    fingerprint  the run's fingerprint (`lra_bench.record.identity.fingerprint`)
+    identity     the run's identity (flat dict)
+    config       the run's resolved config (what `python -m lra_bench.evaluate` rebuilds the model from)
+    code         {commit, dirty} of the segment that wrote it
+    segments     [{started_at, from_step, code, kernels}] one per process that trained this run so far (`kernels`:
+                 the kernel choices it ran with, `attn.kernel` / `model.kernels`, so a resume on the other path shows)
+
+Before a checkpoint is used (resumed, or tested by the eval entry), `check_fits` refuses with one line a file that
+does not load, or one made by another model: its `ARCHITECTURE` keys (task shape, model, attention, selector) differ
+from the run's ("checkpoint X was made with attn.name="nystrom", model.dim=64; this run has …"). A checkpoint
+without the metadata (written before it existed, or by hand) is checked by its state dict's names and shapes.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import random
 import re
 import signal
+import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,14 +93,61 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import Checkpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 from lra_bench.errors import ConfigError
-from lra_bench.run.progress import say
+from lra_bench.record.builder import now
+from lra_bench.record.identity import architecture, describe, differing_keys, kernel_choices
+from lra_bench.record.provenance import code_label
+from lra_bench.run.terminal import say
 from tasks.files import make_readable, unique_tmp
 
+# --- checkpoint io -------------------------------------------------------------------------------------------------
+
+
+class RunCheckpointIO(TorchCheckpointIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self._preloaded: dict[str, dict[str, Any]] = {}
+
+    def preload(self, path: str | Path, checkpoint: dict[str, Any]) -> None:
+        """The next `load_checkpoint(path)` returns `checkpoint` (already read and checked) instead of the file."""
+        self._preloaded[str(Path(path).resolve())] = checkpoint
+
+    def load_checkpoint(
+        self,
+        path: Any,
+        map_location: Callable | None = lambda storage, loc: storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        checkpoint = self._preloaded.pop(str(Path(path).resolve()), None)
+        if checkpoint is not None:
+            return checkpoint
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()  # serialised first, as Lightning does: a full disk is then an OSError naming errno
+        torch.save(checkpoint, buffer)  # (torch.save onto the file reports it as "unexpected pos" instead)
+        tmp = unique_tmp(target)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(buffer.getbuffer())
+            make_readable(tmp)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write: no partial file, the target keeps its previous content
+
+
+# --- checkpointing -------------------------------------------------------------------------------------------------
+
+CHECKPOINT_DIR = "checkpoints"  # `<run dir>/checkpoints/`: every checkpoint a run writes
 LAST = "last.ckpt"
 PREV = "last-prev.ckpt"
 REQUIRED_KEYS = ("state_dict", "global_step", "loops", "optimizer_states")
@@ -249,8 +339,6 @@ class RNGState(pl.Callback):
         return "RNGState"
 
     def state_dict(self) -> dict[str, Any]:
-        import random
-
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         state: dict[str, Any] = {
             "torch": torch.get_rng_state(),
@@ -273,8 +361,6 @@ class RNGState(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending is None:
             return
-        import random
-
         state, self._pending = self._pending, None
         torch.set_rng_state(state["torch"])
         n = state["numpy"]
@@ -385,6 +471,126 @@ class SubmititRequeue(Checkpoint):
 
 
 def log_resume(resume: Resume) -> None:
-    """Said on the terminal (a Lightning info record would go to run.log only: `lra_bench.run.quiet`)."""
+    """Said on the terminal (a Lightning info record would go to run.log only: `lra_bench.run.terminal`)."""
     if resume.path and getattr(rank_zero_only, "rank", 0) == 0:
         say(f"[lra-bench] resuming from {resume.path} (step {resume.step})")
+
+
+# --- checkpoint identity -------------------------------------------------------------------------------------------
+
+META_KEY = "lra_bench"
+META_FORMAT = "lra-bench/checkpoint-meta/1"
+
+
+class IdentityStamp(pl.Callback):
+    """Writes the run's identity into every checkpoint and keeps the list of training segments: each attempt's
+    start (`started_at`, `from_step`, `code`, and the `kernels` it computes with: a checkpoint resumes under the
+    other kernel choice, `lra_bench.record.identity.KERNEL_CHOICES`) and, at every checkpoint it saves, how far it got
+    (`saved_at`, `to_step`) — so the wall time that made the weights is known even for an attempt that was killed."""
+
+    def __init__(self, identity: dict[str, Any], fingerprint: str, config: dict[str, Any], code: dict) -> None:
+        self.identity, self.fingerprint, self.config, self.code = identity, fingerprint, config, code
+        self.segments: list[dict[str, Any]] = []
+
+    @property
+    def state_key(self) -> str:
+        return "IdentityStamp"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"segments": list(self.segments)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.segments = list(state_dict.get("segments", []))
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.segments.append(
+            {
+                "started_at": now(),
+                "from_step": int(trainer.global_step),
+                "code": self.code,
+                "kernels": kernel_choices(self.identity),
+            }
+        )
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if self.segments:  # how far this attempt got, and when: a segment's wall time is saved_at − started_at
+            self.segments[-1].update(saved_at=now(), to_step=int(trainer.global_step))
+        checkpoint[META_KEY] = {
+            "format": META_FORMAT,
+            "fingerprint": self.fingerprint,
+            "identity": self.identity,
+            "config": self.config,
+            "code": self.code,
+            "segments": list(self.segments),
+        }
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at `path` (weights-only), or a one-line `ConfigError` saying why it cannot be used."""
+    require_usable(path)
+    return load_checkpoint(path)
+
+
+def meta_of(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    meta = checkpoint.get(META_KEY)
+    return meta if isinstance(meta, dict) and meta.get("format") == META_FORMAT else None
+
+
+def check_fits(
+    path: str | Path, identity: dict[str, Any], module: Any | None = None, checkpoint: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Load the checkpoint at `path` (unless it is given, as already loaded) and refuse it (one line) when it was
+    made by another model than `identity` describes (or, without metadata, when its state dict does not fit
+    `module`). Returns the checkpoint."""
+    if checkpoint is None:
+        checkpoint = load(path)
+    meta = meta_of(checkpoint)
+    if meta is not None:
+        made, this = architecture(meta.get("identity") or {}), architecture(identity)
+        keys = sorted(  # the component names first, then changed values, then knobs only one side has
+            differing_keys([made, this]),
+            key=lambda k: (not k.endswith(".name"), k not in made or k not in this, k),
+        )
+        if keys:
+            raise ConfigError(
+                f"checkpoint {path} was made with {describe(made, keys)}; this run has {describe(this, keys)} "
+                "(use a checkpoint of this model, or the overrides it was trained with)"
+            )
+    elif module is not None:
+        problem = state_dict_mismatch(checkpoint.get("state_dict") or {}, module.state_dict())
+        if problem:
+            raise ConfigError(f"checkpoint {path} does not fit this model: {problem}")
+    return checkpoint
+
+
+def state_dict_mismatch(saved: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """Missing, unexpected and differently shaped tensors (a lazily sized buffer, shape `[0]`, takes any shape)."""
+    missing = [k for k in expected if k not in saved]
+    unexpected = [k for k in saved if k not in expected]
+    shapes = [
+        f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in saved and hasattr(v, "shape") and v.numel() > 0 and tuple(saved[k].shape) != tuple(v.shape)
+    ]
+    parts = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
+        if items:
+            parts.append(f"{label}: {', '.join(items[:3])}{', …' if len(items) > 3 else ''}")
+    return "; ".join(parts) or None
+
+
+def warn_if_code_changed(checkpoint: dict[str, Any], code: dict[str, Any], path: str) -> str | None:
+    """Warn (and return the warning) when the code differs from the one that wrote `checkpoint`'s last segment."""
+    meta = meta_of(checkpoint)
+    if meta is None:
+        return None
+    before = meta.get("code") or {}
+    if (before.get("commit"), before.get("dirty")) == (code.get("commit"), code.get("dirty")):
+        return None
+    message = (
+        f"[lra-bench] warning: the code changed since {path} was written ({code_label(before)} → "
+        f"{code_label(code)}); resuming anyway — the record lists every segment's code in run.segments"
+    )
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        print(message, file=sys.stderr, flush=True)
+    return message
