@@ -9,6 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from lra_bench.config.digest import check_unchanged, remember_checked
 from lra_bench.config.setup import quiet_third_party_warnings, setup
 from lra_bench.runtime import prepare_process
 
@@ -26,6 +27,8 @@ def check_run(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    check_unchanged(cfg)  # the config Hydra composed is the one the pre-flight checked, or one line, exit 2
+
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
     from lra_bench.errors import ConfigError
@@ -55,6 +58,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    from lra_bench.config.launch import launch
+    from lra_bench.config.preflight import preflight
 
-    launch(main, config_path="conf", config_name="config", check=check_run)  # a single run's config composed once
+    remember_checked(preflight(sys.argv[1:], check=check_run))  # bad input: one line, exit 2, before Hydra writes
+    main()  # Hydra composes again and runs; the job first compares its config with the checked one

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+# private to Hydra, but its basic sweeper has no public home: subclassed to keep its cross product and batches
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException

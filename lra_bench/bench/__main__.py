@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.config.digest import check_unchanged, remember_checked
 from lra_bench.config.plain import plain_dict
 
 log = logging.getLogger("lra_bench.bench")
@@ -139,6 +141,7 @@ def run_profiles(cfg: DictConfig, variants: list[Any], data: dict[str, Any], dev
 
 @hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    check_unchanged(cfg)  # the config Hydra composed is the one the pre-flight checked, or one line, exit 2
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         run(cfg, output_dir)
@@ -149,6 +152,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from lra_bench.bench.checks import check_bench
-    from lra_bench.config.launch import launch
+    from lra_bench.config.preflight import preflight
 
-    launch(main, config_path="../conf", config_name="bench", check=check_bench)  # one line, exit 2 on bad settings
+    remember_checked(preflight(sys.argv[1:], config_name="bench", check=check_bench))  # one line, exit 2 on bad input
+    main()  # Hydra composes again and runs; the job first compares its config with the checked one

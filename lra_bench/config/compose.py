@@ -1,8 +1,8 @@
 """The config tree composed through Hydra's own compose API — the one way any app of the harness gets a config.
 
-`run.py` and the bench compose on the Hydra instance `@hydra.main` would make (`lra_bench.config.launch`: the
-pre-flight's config is the one the run runs); everything else that needs "what a run would get" (the data preparer,
-the benchmark's operator defaults, the approximation study's model, evaluation of a checkpoint) calls
+The pre-flight of `run.py` and the bench composes here what their `@hydra.main` will compose (and the job checks
+that it did: `lra_bench.config.digest`); everything else that needs "what a run would get" (the data preparer, the
+benchmark's operator defaults, the approximation study's model, evaluation of a checkpoint) calls
 `compose_config(overrides)` on the same `conf/` tree, so no app re-reads YAML files by hand.
 """
 

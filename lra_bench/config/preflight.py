@@ -7,7 +7,9 @@ before our code runs, so a run dir that is a file or not writable used to end in
 command line the way Hydra does, composes the same overrides through `lra_bench.config.compose.compose_config` (no
 torch), and checks the paths the run will write. A multirun's jobs are composed and validated by the sweeper
 (`hydra_plugins.lra_bench_sweeper`), before any is launched; here only its common part is composed.
-`--help`, `--hydra-help`, `--info`, shell completion and other config dirs are left to Hydra.
+`--help`, `--hydra-help`, `--info`, shell completion and other config dirs are left to Hydra. A single run's checked
+config is returned: the app keeps its digest (`lra_bench.config.digest`) and then calls its `@hydra.main` function,
+whose job compares the config Hydra composes for it with the one checked here.
 
 A key added with `+` goes where no schema looks: Hydra suggests `+trainer.max_step=5` for a misspelt key, and the run
 then generated its data for minutes before `pl.Trainer` refused the argument. So a `+` (or `++`) key under a node the
@@ -171,15 +173,15 @@ def preflight(
     config_name: str = "config",
     output_key: str = "hydra.run.dir",
     check: Callable[[DictConfig], None] | None = None,
-    hydra: Any = None,
 ) -> DictConfig | None:
     """Compose `argv`'s overrides like `@hydra.main(config_name=...)`; on any mistake, `bad_input`.
 
     `check(cfg)` (optional) runs on the composed config of a single run; a `ConfigError` from it is bad input too.
-    `hydra` (optional) is the Hydra instance the app's `@hydra.main` would make (`lra_bench.config.launch`): the
-    config is composed on it, with the app's job name and search path, and a single run's config (Hydra's node
-    included) is returned for `launch` to run as is; None for a multirun, `--cfg` or what Hydra answers itself.
+    Returns a single run's checked config (Hydra's node included), for the app to hand to
+    `lra_bench.config.digest.remember_checked` before `@hydra.main` composes it again; None for a multirun,
+    `--cfg` or what Hydra answers itself.
     """
+    # private to Hydra, but its own command-line parser (no public API has it): argv read as @hydra.main reads it
     from hydra._internal.utils import get_args_parser
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -205,10 +207,7 @@ def preflight(
                     f"{o.input_line}: Hydra cannot sweep over its own config; write {instead} (the command line's "
                     "values replace the sweep's own list for that key)"
                 )
-        if hydra is None:
-            cfg = compose_config(plain, config_name=name, return_hydra_config=True)
-        else:
-            cfg = hydra.compose_config(name, plain, run_mode=RunMode.RUN)
+        cfg = compose_config(plain, config_name=name, return_hydra_config=True)
         multirun = args.multirun or cfg.hydra.mode == RunMode.MULTIRUN
         if has_sweep and not multirun:
             compose_config(list(args.overrides), config_name=name)  # Hydra's own "add --multirun" message
