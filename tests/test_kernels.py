@@ -23,6 +23,7 @@ from scipy import stats
 from models import kernels
 from models.attention.full import FullAttention, FullConfig
 from models.kernels import flash_attention
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(flash_attention.kernel() is None, reason="the kernel cannot be built here")
 
@@ -212,22 +213,44 @@ def test_polynomial_features_match_the_torch_form() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_a_build_killed_mid_way_does_not_block_the_next_load(tmp_path: Path) -> None:
+def _load_in_a_fresh_process(name: str, checkout: Path) -> subprocess.CompletedProcess[str]:
+    """`models.kernels.load(name)` in a new process that imports `models` from `checkout`; prints the module's file."""
+    script = (
+        f"from models.kernels import load; import sys; m = load({name!r}); print(m and m.__file__); sys.exit(m is None)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script], cwd=checkout, env=env, capture_output=True, text=True, timeout=240
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading {name} from {checkout} took over 240 s")
+
+
+def test_a_second_checkout_loads_the_same_build_without_compiling(tmp_path: Path) -> None:
+    """Two checkouts of the same sources (two worktrees, a second clone on a cluster) share the kernel cache: the
+    second loads the first one's build as it is. torch's loader compiles from the sources' absolute paths, so a
+    build made from another checkout's path was compiled again, a minute each time two checkouts took turns."""
+    name = "polynomial_features"
+    assert kernels.load(name) is not None
+    (library,) = kernels.build_dir(name).glob("*.so")
+    before = library.stat()
+    shutil.copytree(REPO / "models", tmp_path / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    done = _load_in_a_fresh_process(name, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == library
+    after = library.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "the second checkout rebuilt it"
+
+
+def test_a_build_killed_mid_way_does_not_block_the_next_load() -> None:
     """torch's loader leaves its `lock` file behind when the build holding it is killed, and a later load then waits
     on it forever (a CI run ended at its time limit inside `make install`). A fresh process finding such a leftover
-    in a copy of this machine's built cache loads the kernel (and removes the leftover) instead of waiting."""
+    in the build folder loads the kernel (and removes the leftover) instead of waiting."""
     name = "polynomial_features"
-    cache = tmp_path / "kernels"
-    built_here = kernels.cache_dir() / name
-    assert kernels.load(name) is not None and built_here.is_dir()
-    copy = cache / kernels.cache_dir().name / name
-    shutil.copytree(built_here, copy, ignore=shutil.ignore_patterns(kernels.TORCH_BUILD_MARK, "*.flock"))
-    (copy / kernels.TORCH_BUILD_MARK).touch()  # what a killed build leaves
-    script = f"from models.kernels import load; import sys; sys.exit(load({name!r}) is None)"
-    env = {**os.environ, "LRA_BENCH_KERNEL_CACHE": str(cache)}
-    try:
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the load waited on the killed build's lock file for 240 s")
+    assert kernels.load(name) is not None
+    leftover = kernels.build_dir(name) / kernels.TORCH_BUILD_MARK
+    leftover.touch()  # what a killed build leaves (harmless to every load of ours: the fix under test removes it)
+    done = _load_in_a_fresh_process(name, REPO)
     assert done.returncode == 0, done.stderr
-    assert not (copy / kernels.TORCH_BUILD_MARK).exists()
+    assert not leftover.exists()

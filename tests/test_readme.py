@@ -28,6 +28,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -265,12 +266,13 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, slurm: object | No
         if command == "make test":
             continue  # the command that runs this very test
         argv, note = scratch.argv(command)
+        started = time.monotonic()
         proc = subprocess.run(argv, cwd=tmp_path, env=scratch.env(), capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, (
             f"README command failed ({proc.returncode}): {command}\n  as run: {shlex.join(argv)}\n"
             f"STDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
         )
         scratch.after(argv)
-        ran.append((command, note))
-    print("\n".join(f"{c}  [{n}]" if n else c for c, n in ran))
+        ran.append((command, ", ".join([*filter(None, [note]), f"{time.monotonic() - started:.1f} s"])))
+    print("\n".join(f"{c}  [{n}]" for c, n in ran))  # with -s: what ran, how it was changed, how long it took
     assert len(ran) == len(readme_commands()) - 1

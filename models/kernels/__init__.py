@@ -7,8 +7,11 @@ capability (`LRA_BENCH_KERNEL_CACHE`, default `~/.cache/lra-bench/kernels`), so 
 (about a minute) and every later one loads. The sources never use `-march=native`: their vector loops are compiled
 for AVX-512, AVX2 and a baseline and picked at load time, so a cache on a shared file system serves every node.
 
-The sources share headers (`*.h` beside them: the hashed dropout mask, the argument check); their digest is one of
-the build's flags, so a changed header rebuilds every kernel (torch's extension loader hashes only the sources).
+Each kernel builds in a folder named by a digest of its source, the shared headers (`*.h` beside them: the hashed
+dropout mask, the argument check) and its flags, and compiles from copies of them kept in that folder. So a changed
+header or source builds afresh, and every checkout of the same sources loads one build: torch's loader hands ninja
+the sources' absolute paths, and a build made from another checkout's path was compiled again — about a minute each
+time two checkouts (two worktrees, a second clone on a cluster sharing the cache) took turns.
 
 Builds of one kernel are serialised by a lock the system drops with its holder (`filelock`'s flock), not only by
 torch's own: torch's loader marks a build with a `lock` file it removes when the build ends, so a build that was
@@ -46,18 +49,40 @@ TORCH_BUILD_MARK = "lock"
 
 
 def cache_dir() -> Path:
-    """The build folder of this torch, Python and CPU capability."""
+    """The build folders of this torch, Python and CPU capability."""
     root = Path(os.environ.get("LRA_BENCH_KERNEL_CACHE", Path.home() / ".cache" / "lra-bench" / "kernels"))
     tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
     return root / f"{tag}-{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}".replace("+", "_")
 
 
-def headers_digest() -> str:
-    """A digest of the shared headers, passed as a compiler flag so that changing one rebuilds the kernels."""
-    digest = hashlib.sha256()
-    for header in sorted(SOURCES.glob("*.h")):
-        digest.update(header.name.encode() + b"\0" + header.read_bytes())
-    return digest.hexdigest()[:16]
+def inputs(name: str) -> list[Path]:
+    """What a build of kernel `name` compiles: its source and the shared headers."""
+    return [SOURCES / f"{name}.cpp", *sorted(SOURCES.glob("*.h"))]
+
+
+def cflags(name: str) -> list[str]:
+    """The compiler flags of kernel `name`: the same for every kernel but its own `FLAGS`."""
+    return ["-O3", *FLAGS.get(name, ())]
+
+
+def build_dir(name: str) -> Path:
+    """The build folder of kernel `name` as its sources read now: `<name>-<digest of sources and flags>`."""
+    digest = hashlib.sha256(" ".join(cflags(name)).encode())
+    for path in inputs(name):
+        digest.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
+    return cache_dir() / f"{name}-{digest.hexdigest()[:12]}"
+
+
+def stage_sources(name: str, build: Path) -> Path:
+    """Copies of the build's inputs in its folder, written only where missing or different (an unchanged copy keeps
+    its time stamp, so ninja finds the build up to date); the copied source's path, for the compiler."""
+    for path in inputs(name):
+        copy, content = build / path.name, path.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != content:
+            partial = build / f".{path.name}.{os.getpid()}"
+            partial.write_bytes(content)
+            partial.replace(copy)
+    return build / f"{name}.cpp"
 
 
 def draw_seed() -> int:
@@ -72,16 +97,16 @@ def load(name: str) -> ModuleType | None:
     cannot be built."""
     from torch.utils import cpp_extension  # imports setuptools: only when a kernel is asked for
 
-    build = cache_dir() / name
+    build = build_dir(name)
     build.mkdir(parents=True, exist_ok=True)
     try:
         with FileLock(build / "build.flock"):
             (build / TORCH_BUILD_MARK).unlink(missing_ok=True)  # a killed build's: see the module's docstring
             return cpp_extension.load(
                 name=f"lra_bench_{name}",
-                sources=[str(SOURCES / f"{name}.cpp")],
+                sources=[str(stage_sources(name, build))],
                 build_directory=str(build),
-                extra_cflags=["-O3", *FLAGS.get(name, ()), f"-DLRA_BENCH_HEADERS={headers_digest()}"],
+                extra_cflags=cflags(name),
                 verbose=False,
             )
     except (OSError, RuntimeError, ImportError) as err:
