@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lra_bench.kit.figures import save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.reproduced import reproduction_interval
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
 from lra_bench.reproduction_claims import completed
 from lra_bench.reproduction_runs import Run
 

@@ -49,11 +49,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lra_bench.kit.figures import save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
 from lra_bench.registry import ATTENTIONS
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
 from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
 from lra_bench.reproduce import IN_PROGRESS, REPO
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT

@@ -319,7 +319,7 @@ def test_a_run_made_before_the_choice_keeps_its_fingerprint_on_the_eager_path() 
     in-progress snapshot of it resumes into its folder (`rundir.check_same_experiment` compares fingerprints),
     and its seeds stay one leaderboard row."""
     from lra_bench.config.compose import compose_config
-    from lra_bench.config.plain import plain_dict
+    from lra_bench.kit.plain import plain_dict
     from lra_bench.record.conformance import derive_run_keys
     from lra_bench.record.identity import DATA_KEYS, KERNEL_BASELINES, config_identity, fingerprint, under
     from models.encoder import UNSET_KERNELS

@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 
 log = logging.getLogger("lra_bench.approx")
 

@@ -6,9 +6,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
-from lra_bench.reports.numbers import ratio_text
+from lra_bench.kit.figures import save_figure
+from lra_bench.kit.markdown import table
+from lra_bench.kit.numbers import ratio_text
 
 #: relative errors below this are drawn at it (a floor of 1e-15 would otherwise stretch the axis over 16 decades)
 PLOT_FLOOR = 1e-4

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lra_bench.config.digest import check_unchanged, remember_checked
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 
 log = logging.getLogger("lra_bench.bench")
 

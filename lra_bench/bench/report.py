@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.bench.stats import loglog_slope
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
+from lra_bench.kit.figures import save_figure
+from lra_bench.kit.markdown import table
 
 MODES = ("forward", "forward_backward")
 MODE_TITLE = {"forward": "forward (inference, no grad)", "forward_backward": "forward + backward (training)"}

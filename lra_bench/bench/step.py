@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from lra_bench.reports.markdown import table
+from lra_bench.kit.markdown import table
 from lra_bench.runtime import prepare_process
 
 if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle threads sleep, freed memory stays
@@ -50,7 +50,7 @@ if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle th
 import torch
 import torch.nn.functional as F
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record.provenance import cpu_fields, cpu_identity, cpu_name
 
 

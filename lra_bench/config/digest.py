@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 
 #: (digest, job tree) of the config the pre-flight checked, until the job compares it (once)
 _checked: tuple[str, dict[str, Any]] | None = None

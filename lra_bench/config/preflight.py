@@ -38,9 +38,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.config.compose import compose_config, one_line
-from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import check_dir_path, check_paths, check_typed_folders, check_writable
 from lra_bench.errors import ConfigError
+from lra_bench.kit.plain import plain_dict
 
 EXIT_BAD_INPUT = 2
 

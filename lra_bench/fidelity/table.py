@@ -58,7 +58,7 @@ def header(protocol: str) -> dict[str, Any]:
 @cache
 def _composed(protocol: str, task: str, attn: str) -> dict[str, Any]:
     from lra_bench.config.compose import compose_config
-    from lra_bench.config.plain import plain_dict
+    from lra_bench.kit.plain import plain_dict
     from lra_bench.record.identity import flatten
 
     cfg = compose_config([f"protocol={protocol}", f"task={task}", f"attn={attn}", "~local"])

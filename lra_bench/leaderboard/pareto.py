@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lra_bench.kit.figures import save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.aggregate import method_label
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.leaderboard.uncertainty import ERROR_BARS
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

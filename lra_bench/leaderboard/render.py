@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lra_bench.diagnostics import LOCALITY_WINDOWS
+from lra_bench.kit.figures import save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
 from lra_bench.leaderboard.reproduced import MARGIN_PP
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

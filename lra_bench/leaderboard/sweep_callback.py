@@ -27,7 +27,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 
 
 def _rank() -> int:
@@ -98,8 +98,8 @@ class LeaderboardCallback(Callback):
         if not self._sweep_dir or not Path(self._sweep_dir).is_dir():
             return None
         try:
+            from lra_bench.kit.terminal import table_console
             from lra_bench.leaderboard import build_leaderboard, terminal
-            from lra_bench.reports.terminal import table_console
 
             table = build_leaderboard([self._sweep_dir], out_dir=self._sweep_dir, plots=self.plots)
             terminal.print_summary(

@@ -16,8 +16,8 @@ from typing import Any
 
 from scipy import stats
 
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
+from lra_bench.kit.figures import save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.stats.summary import t_interval
 
 PLOT = "locality.png"

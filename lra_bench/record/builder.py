@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record.schema import RunInfo, RunRecord
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record.identity import (
     DATA_KEYS,
     KERNEL_CHOICES,

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lra_bench.kit.markdown import table
 from lra_bench.record.provenance import environment
 from lra_bench.record.reader import lookup, read
-from lra_bench.reports.markdown import table
 
 REPO = Path(__file__).resolve().parents[1]
 #: the small ListOps of the study (few labels; everything else is the harness's normal path)

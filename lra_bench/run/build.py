@@ -33,9 +33,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 
-from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import callback_nodes
 from lra_bench.errors import ConfigError
+from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import TASKS, attention_factory, selector_node
 from lra_bench.run import pretrain
 from lra_bench.run.module import LRAModule

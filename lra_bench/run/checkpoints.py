@@ -99,10 +99,10 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 from lra_bench.errors import ConfigError
+from lra_bench.kit.say import say
 from lra_bench.record.builder import now
 from lra_bench.record.identity import architecture, describe, differing_keys, kernel_choices
 from lra_bench.record.provenance import code_label
-from lra_bench.run.terminal import say
 from tasks.files import make_readable, unique_tmp
 
 # --- checkpoint io -------------------------------------------------------------------------------------------------

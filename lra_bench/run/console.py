@@ -16,10 +16,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
+from lra_bench.kit.terminal import table_console
 from lra_bench.record.curves import FILENAME as CURVES
 from lra_bench.record.reader import typed
-from lra_bench.reports.terminal import table_console
 from lra_bench.run.terminal import to_log_only
 
 ORDER = ("task", "attn", "selector", "protocol", "model", "optim", "data", "trainer", "logger", "diagnostics")

@@ -51,9 +51,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
-from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import validate_once
 from lra_bench.errors import ConfigError
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
 from lra_bench.record.reader import read

@@ -26,8 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lra_bench.config.plain import plain_dict
 from lra_bench.errors import ConfigError
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, fingerprint, flatten, under
 from lra_bench.record.reader import ReadRecord, lookup, read

@@ -48,9 +48,11 @@ from omegaconf import DictConfig
 from pytorch_lightning.callbacks import ModelCheckpoint, ModelSummary
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from lra_bench.diagnostics.callback import DiagnosticsCallback
 from lra_bench.errors import ConfigError
 from lra_bench.record import conformance
 from lra_bench.record.builder import new_record
+from lra_bench.record.curves import write_curves
 from lra_bench.record.identity import config_identity, fingerprint, run_identity
 from lra_bench.record.schema import Identified, RunRecord
 from lra_bench.run import checkpoints, pretrain, rundir
@@ -485,8 +487,6 @@ def model_summary(cfg: DictConfig) -> list[pl.Callback]:
 
 def draw_curves(output_dir: Path, record: dict[str, Any]) -> None:
     """`curves.png` beside the record; a failure to draw is one line, never the run's failure."""
-    from lra_bench.record.curves import write_curves  # matplotlib and pandas: only when a run ends
-
     try:
         write_curves(output_dir, record)
     except Exception as err:  # a plot must never turn a finished run into a failed one
@@ -497,10 +497,6 @@ def _extra_callbacks(cfg: DictConfig, dm: Any, recorder: Recorder) -> list[pl.Ca
     """Callbacks contributed by other parts of the harness (diagnostics, …), each optional; the record reads what
     they expose (the diagnostics' `latest`/`best`), and they ask it to write (`on_update`)."""
     if not cfg.diagnostics.enabled or cfg.stage == "pretrain":  # diagnostics compare with bidirectional softmax
-        return []
-    try:
-        from lra_bench.diagnostics.callback import DiagnosticsCallback
-    except ImportError:
         return []
     diagnostics = DiagnosticsCallback(cfg.diagnostics, dm, on_update=recorder.write)
     recorder.diagnostics = diagnostics

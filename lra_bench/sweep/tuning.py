@@ -24,7 +24,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 
 FILENAME = "tuning.yaml"
 FORMAT = "lra-bench/tuning/1"
