@@ -17,7 +17,7 @@ training step (`python -m lra_bench.bench.step`):
   32 MiB `torch.exp` took 40 ms instead of 16 (8,193 page faults per call), and a Performer layer's forward and
   backward 3.4 s instead of 1.5 (AMD EPYC with AVX2, one thread). The price is resident memory: what the heap
   keeps counts in a run's CPU peak (the resident set), 2.67 → 3.93 GiB for Performer's protocol step and
-  1.90 → 1.96 GiB for Nyström's; the attention benchmark's memory probes (`lra_bench.bench.memory`) trim the
+  1.90 → 1.96 GiB for Nyström's; the attention benchmark's memory probes (`lra_bench.memory`) trim the
   heap before they measure and are unaffected.
 * **Threads follow the CPUs the process may use**: its affinity mask, capped by `SLURM_CPUS_PER_TASK` under
   SLURM (`usable_cpus`), unless `threads=N` (or `OMP_NUM_THREADS`) says otherwise.

@@ -1,7 +1,7 @@
 """Measure one configuration (one attention variant at one n) in both modes; runs inside a fresh child process
 when the sweep isolates configurations, in the sweep's own process otherwise.
 
-Order of events, which defines what "peak memory" means (`lra_bench.bench.memory`):
+Order of events, which defines what "peak memory" means (`lra_bench.memory`):
 1. build the module and the inputs q, k, v `[B, H, n, d]` (and the upstream gradient), seeded;
 2. one untimed call at a small size (n ≤ 256) so library code, thread pools and JIT kernels are resident,
    and one training-mode forward at full size (`prime`: initialises stateful selectors such as GPA's codebook);
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from lra_bench.bench.memory import PeakMemory, settle
 from lra_bench.bench.references import REFERENCES, SDPAReference, reference_dtype
 from lra_bench.bench.stats import summarize
+from lra_bench.memory import PeakMemory, settle
 
 MODES = ("forward", "forward_backward")
 

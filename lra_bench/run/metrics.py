@@ -65,7 +65,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench.bench.memory import CLEAR_REFS, settle, status_kib
+from lra_bench.memory import CLEAR_REFS, settle, status_kib
 from lra_bench.record.provenance import hardware
 
 # --- efficiency ----------------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# -- CPU memory (the probes of the attention benchmark, `lra_bench.bench.memory`) ------------------------------------
+# -- CPU memory (the probes of the attention benchmark, `lra_bench.memory`) --------------------------------------------
 def _status_mib(field: str) -> float | None:
     kib = status_kib(field)
     return None if kib is None else kib / 1024
