@@ -36,10 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-EVIDENCE_ROOT = REPO / "reproductions"
-WORK_ROOT = REPO / "outputs" / "reproductions"
-IN_PROGRESS = "in-progress"
+from lra_bench.reproduction_runs import EVIDENCE_ROOT, IN_PROGRESS, REPO, WORK_ROOT
+
 #: what a completed run leaves as evidence (paths relative to its run dir; directories copied whole)
 EVIDENCE = ("results.json", "test_predictions.npz", "identity.json", "run.log", "csv", "approx.json")
 APPROX_TIMEOUT_S = 1800.0  # the approximation study is minutes at most; past this it is given up (evidence kept)

@@ -54,14 +54,13 @@ from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
 from lra_bench.registry import ATTENTIONS
-from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
-from lra_bench.reproduce import IN_PROGRESS, REPO
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
 from lra_bench.reproduction_approx import read as read_approx
 from lra_bench.reproduction_claims import claims_section, seeds_needed
 from lra_bench.reproduction_cost import COST_FIGURE, cost_section, plot_cost
-from lra_bench.reproduction_runs import PRIOR_MARGIN, Run, recorded_run
+from lra_bench.reproduction_runs import EVIDENCE_ROOT as ROOT
+from lra_bench.reproduction_runs import IN_PROGRESS, PRIOR_MARGIN, REPO, Run, recorded_run
 
 PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
