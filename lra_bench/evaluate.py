@@ -38,7 +38,7 @@ def default_out(checkpoint: Path) -> Path:
 def run_config(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The resolved config the checkpoint was trained with."""
     from lra_bench.record import results
-    from lra_bench.run.checkpoints import meta_of
+    from lra_bench.record.checkpoint_file import meta_of
 
     meta = meta_of(checkpoint)
     if meta is not None and isinstance(meta.get("config"), dict):
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
     from lra_bench.config.validate import check_writable, validate
-    from lra_bench.run.checkpoints import load
+    from lra_bench.record.checkpoint_file import load
     from lra_bench.run.evaluation import evaluate
     from lra_bench.run.terminal import quiet_terminal, tee_output
     from tasks.layout import DataSourceError

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lra_bench.record.checkpoint_file import best_checkpoint_of
 from lra_bench.reproduction_runs import EVIDENCE_ROOT, IN_PROGRESS, REPO, WORK_ROOT
 
 #: what a completed run leaves as evidence (paths relative to its run dir; directories copied whole)
@@ -89,8 +90,6 @@ def copy_into(src: Path, dst: Path) -> None:
 def snapshot(run: Path, evidence: Path) -> bool:
     """Copy an unfinished run's state into `evidence/in-progress/` (replacing the previous snapshot whole, so the
     folder is always one consistent state). False when there is no complete checkpoint pair to copy yet."""
-    from lra_bench.run.checkpoints import best_checkpoint_of  # lra_bench.run loads torch and Lightning
-
     ckpts = run / "checkpoints"
     last = ckpts / "last.ckpt"
     if not last.exists():

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lra_bench.record.checkpoint_file import best_checkpoint_of
+
 APPROX_FILE = "approx.json"
 PROBE_SEQUENCES = 8  # the longest validation sequences …
 PROBE_MAX_LEN = 1024  # … cut to this many tokens (the training-time diagnostics' cut)
@@ -47,8 +49,6 @@ EXACT = "full"  # the attention whose Â is exact softmax attention
 def best_checkpoint(run: Path) -> Path:
     """The run's best-val checkpoint: the one its `last.ckpt` names (ModelCheckpoint state), else the only, or the
     highest-step, `best-*.ckpt` in `checkpoints/`. FileNotFoundError when there is none."""
-    from lra_bench.run.checkpoints import best_checkpoint_of
-
     ckpts = run / "checkpoints"
     last = ckpts / "last.ckpt"
     if last.exists():

@@ -53,6 +53,7 @@ from lra_bench.kit.figures import save_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
+from lra_bench.record.checkpoint_file import META_KEY, load_checkpoint
 from lra_bench.registry import ATTENTIONS
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
@@ -112,10 +113,8 @@ def _collect(root: Path, variant: str | None) -> list[Run]:
 
 
 def snapshot_progress(last: Path) -> tuple[int | None, list[dict[str, Any]]]:
-    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.run.checkpoints`);
+    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.record.checkpoint_file`);
     without the checkpoint, what `checkpoint.json` beside `checkpoints/` kept of it (a variant's snapshot)."""
-    from lra_bench.run.checkpoints import META_KEY, load_checkpoint
-
     if not last.exists():
         kept = last.parent.parent / SNAPSHOT_PROGRESS
         if kept.exists():

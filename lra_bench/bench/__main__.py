@@ -19,8 +19,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.digest import check_unchanged, remember_checked
 from lra_bench.kit.plain import plain_dict
+from lra_bench.preflight.digest import check_unchanged, remember_checked
 
 log = logging.getLogger("lra_bench.bench")
 
@@ -152,7 +152,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from lra_bench.bench.checks import check_bench
-    from lra_bench.config.preflight import preflight
+    from lra_bench.preflight.command_line import preflight
 
     remember_checked(preflight(sys.argv[1:], config_name="bench", check=check_bench))  # one line, exit 2 on bad input
     main()  # Hydra composes again and runs; the job first compares its config with the checked one

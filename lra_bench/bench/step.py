@@ -79,7 +79,7 @@ class StepTiming:
 def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> Any:
     """The run's config, settled as a run settles it (typed component values, derived stage keys)."""
     from lra_bench.config.compose import compose_config
-    from lra_bench.record.conformance import derive_run_keys
+    from lra_bench.config.conformance import derive_run_keys
 
     cfg = compose_config([f"task={task}", f"attn={attn}", f"protocol={protocol}", *extra])
     derive_run_keys(cfg)

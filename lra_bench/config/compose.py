@@ -1,7 +1,7 @@
 """The config tree composed through Hydra's own compose API — the one way any app of the harness gets a config.
 
 The pre-flight of `run.py` and the bench composes here what their `@hydra.main` will compose (and the job checks
-that it did: `lra_bench.config.digest`); everything else that needs "what a run would get" (the data preparer, the
+that it did: `lra_bench.preflight.digest`); everything else that needs "what a run would get" (the data preparer, the
 benchmark's operator defaults, the approximation study's model, evaluation of a checkpoint) calls
 `compose_config(overrides)` on the same `conf/` tree, so no app re-reads YAML files by hand.
 """

@@ -33,13 +33,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 
+from lra_bench.config.pretrained_run import PretrainedSource
 from lra_bench.config.validate import callback_nodes
 from lra_bench.errors import ConfigError
 from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import TASKS, attention_factory, selector_node
 from lra_bench.run import pretrain
 from lra_bench.run.module import LRAModule
-from lra_bench.run.pretrained import PretrainedSource, load_encoder
+from lra_bench.run.pretrained import load_encoder
 from models.build import build_classifier
 from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import extra_tokens

@@ -25,6 +25,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import new_record
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, meta_of
 from lra_bench.record.schema import RunRecord
 from lra_bench.run import checkpoints, rundir
 from lra_bench.run.build import (
@@ -35,7 +36,7 @@ from lra_bench.run.build import (
     slurm_plugins,
     trainer_kwargs,
 )
-from lra_bench.run.checkpoints import CHECKPOINT_DIR, check_fits, meta_of
+from lra_bench.run.checkpoints import check_fits
 from lra_bench.run.console import print_summary
 from lra_bench.run.recorder import Recorder, TestOutputs, run_test
 from lra_bench.run.train import identify
