@@ -24,6 +24,8 @@ training step (`python -m lra_bench.bench.step`):
 
 Everything here is logistics: it changes how fast a run goes, never what it computes beyond fp32 reduction order
 (which thread count can change); the record's `env.runtime` says what a run used.
+
+`uptime` is the machine's load as a study records it beside its timings (the locality and spt studies).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -99,3 +102,12 @@ def describe() -> dict[str, Any]:
         "malloc": _applied.get("malloc") or {k: os.environ[k] for k in MALLOC_ENV if k in os.environ} or None,
         **({"note": _applied["note"]} if "note" in _applied else {}),
     }
+
+
+def uptime() -> str:
+    """The machine's load as `uptime` prints it (else the load average): a study records it before and after its
+    runs, so a reader can tell whether the machine was busy while it timed them."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"load average {os.getloadavg()}"

@@ -16,12 +16,7 @@ from typing import Any
 from lra_bench.locality import report, runs
 from lra_bench.locality.settings import Settings, SettingsError, parse, shown
 from lra_bench.record.results import write_atomic
-
-
-def uptime() -> str:
-    from lra_bench.reports.spt_study import uptime as shared
-
-    return shared()
+from lra_bench.runtime import uptime
 
 
 def public_command(argv: list[str]) -> str:
