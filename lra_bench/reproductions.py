@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from lra_bench.kit.figures import save_figure
+from lra_bench.kit.figures import pyplot, save_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
@@ -582,10 +582,7 @@ def plot(runs: list[Run], path: Path, title: str = "Every reproduction run (dash
     """Every run's validation curve. The legend sits beside the axes, never over a curve (inside, in any corner, it
     hid the curves that reach there); a column of it per 20 runs keeps it within the figure's height, and the
     figure widens by a column's width, so the axes keep their size."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows_per_column = 20
     columns = max(1, math.ceil(sum(1 for r in runs if r.curve) / rows_per_column))
