@@ -27,6 +27,7 @@ row); this command never reads or resumes them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.record.checkpoint_file import best_checkpoint_of
+from lra_bench.reproduction_approx import APPROX_FILE
 from lra_bench.reproduction_runs import EVIDENCE_ROOT, IN_PROGRESS, REPO, WORK_ROOT
 
 #: what a completed run leaves as evidence (paths relative to its run dir; directories copied whole)
@@ -134,8 +136,6 @@ def keep_evidence(run: Path, evidence: Path) -> None:
 
 
 def record_status(path: Path) -> str | None:
-    import json
-
     try:
         return json.loads(path.read_text()).get("status")
     except (OSError, ValueError):
@@ -153,8 +153,6 @@ def approx_command(args: argparse.Namespace) -> str:
 def approx_study(run: Path, out: Path, args: argparse.Namespace, timeout_s: float = APPROX_TIMEOUT_S) -> bool:
     """`lra_bench.reproduction_approx` on the completed run in `run`, written to `out`, as a child process (a crash,
     an exhausted memory or a hang cannot take the evidence with it). False, said on stdout, when it failed."""
-    from lra_bench.reproduction_approx import APPROX_FILE
-
     cmd = [
         sys.executable,
         "-m",
@@ -186,8 +184,6 @@ def approx_study(run: Path, out: Path, args: argparse.Namespace, timeout_s: floa
 
 def approx_only(args: argparse.Namespace) -> int:
     """`--approx-only`: the approximation study of a completed reproduction, into its evidence folder."""
-    from lra_bench.reproduction_approx import APPROX_FILE
-
     evidence = evidence_dir(args.protocol, args.task, args.attn, args.seed, Path(args.evidence_root))
     run = run_dir(args.protocol, args.task, args.attn, args.seed, Path(args.work_root))
     if record_status(evidence / "results.json") != "completed":
@@ -229,8 +225,6 @@ def reproduce(args: argparse.Namespace) -> int:
             last_snapshot = time.monotonic()
     code = child.returncode if child.returncode >= 0 else 128 - child.returncode  # killed by a signal: the shell's code
     if code == 0 and record_status(run / "results.json") == "completed":
-        from lra_bench.reproduction_approx import APPROX_FILE
-
         (run / APPROX_FILE).unlink(missing_ok=True)  # never an earlier study's file beside this run's evidence
         approx_study(run, run / APPROX_FILE, args)  # failure-tolerant: the evidence is kept either way
         keep_evidence(run, evidence)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.record.checkpoint_file import best_checkpoint_of
+from lra_bench.record.provenance import git_commit, hardware
 
 APPROX_FILE = "approx.json"
 PROBE_SEQUENCES = 8  # the longest validation sequences …
@@ -184,8 +185,6 @@ def study(
 ) -> dict[str, Any]:
     """`approx.json`'s content for the completed run in the work folder `run`."""
     import torch
-
-    from lra_bench.record.provenance import git_commit, hardware
 
     torch.set_num_threads(threads)
     started = time.perf_counter()

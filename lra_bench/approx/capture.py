@@ -25,7 +25,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.diagnostics.callback import build_probe
 from lra_bench.record.reader import typed
+from lra_bench.run.build import build_datamodule, build_model
+from models.attention.base import Attention
 
 
 @dataclass
@@ -75,8 +78,6 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> int:
 
 def capture(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[list[tuple]]:
     """(q, k, v, mask) of every Attention call, grouped by layer (module order)."""
-    from models.attention.base import Attention
-
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     seen: list[list[tuple]] = [[] for _ in layers]
 
@@ -131,14 +132,10 @@ def model_instances(
     ckpt: str | None, settings: dict[str, Any], compose_main: Any, seed: int
 ) -> tuple[dict[str, list[Instance]], dict[str, Any]]:
     """Instances for `trained` (when a checkpoint is given) and `random_model`, plus provenance notes."""
-    from lra_bench.run.build import build_datamodule, build_model
-
     sequences, max_len, min_len = int(settings["sequences"]), int(settings["max_len"]), int(settings["min_len"])
     out: dict[str, list[Instance]] = {}
     info: dict[str, Any] = {}
     if ckpt:
-        from lra_bench.diagnostics.callback import build_probe
-
         path = Path(ckpt).expanduser()
         cfg = run_config(path)
         if settings.get("data_dir"):  # read (or regenerate) the task's data here, not in the run's data_dir

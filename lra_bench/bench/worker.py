@@ -19,10 +19,12 @@ import traceback
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from lra_bench.bench.references import REFERENCES, SDPAReference, reference_dtype
 from lra_bench.bench.stats import summarize
 from lra_bench.memory import PeakMemory, settle
+from lra_bench.registry import build_attention, build_selector
 
 MODES = ("forward", "forward_backward")
 
@@ -31,7 +33,6 @@ def build_module(spec: dict[str, Any], n: int) -> torch.nn.Module:
     """The operator named by `spec` for sequence length `n` (references or a registry attention)."""
     if spec["kind"] == "reference":
         return SDPAReference(spec["attn"])
-    from lra_bench.registry import build_attention, build_selector
 
     selector = None
     if spec.get("selector"):
@@ -100,8 +101,6 @@ def prime(module: torch.nn.Module, tensors) -> None:
 
 def count_flops(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> int | None:
     """Matmul-type FLOPs PyTorch's FlopCounterMode sees in one call (fused CPU SDPA kernels are invisible to it)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     _set_mode(module, mode)
     with FlopCounterMode(display=False) as counter:
         _call(module, mode, q, k, v, mask, grad)

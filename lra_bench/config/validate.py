@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -375,8 +376,6 @@ def callback_nodes(cfg: DictConfig) -> dict[str, DictConfig]:
 
 def check_callback_targets(cfg: DictConfig) -> None:
     """Each `callbacks.<name>._target_` imports (built later, in `lra_bench.run.build`)."""
-    from hydra.utils import get_object
-
     # get_object logs a failed lookup at ERROR (three lines) before it re-raises; the ConfigError below is the one
     # line the user sees, so Hydra's logger is muted for the lookup.
     hydra_log = logging.getLogger("hydra.utils")

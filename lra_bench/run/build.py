@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 
 from lra_bench.config.pretrained_run import PretrainedSource
-from lra_bench.config.validate import callback_nodes
+from lra_bench.config.validate import callback_nodes, validate
 from lra_bench.errors import ConfigError
 from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import TASKS, attention_factory, selector_node
@@ -137,8 +137,6 @@ def build_model(cfg: DictConfig, dm: Any) -> TaskNetwork | LanguageModel:
 def check_run_config(cfg: DictConfig) -> None:
     """Everything a run checks before it builds anything, for the pre-flight of `run.py` and of every sweep job:
     the config (`lra_bench.config.validate.validate`) and the task's own options (its constructor, no I/O)."""
-    from lra_bench.config.validate import validate
-
     validate(cfg)
     build_datamodule(cfg)
 
