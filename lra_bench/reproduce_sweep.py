@@ -80,7 +80,7 @@ class EvidenceCallback(Callback):
             print(f"[reproduce] not completed: state saved in {evidence / reproduce.IN_PROGRESS}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from lra_bench import reproductions
+        from lra_bench import reproductions  # the page's code only at the end: this callback loads in every job
 
         reproductions.main(["--root", str(self.evidence_root), "--out", str(self.page)])
 

@@ -335,7 +335,7 @@ def _shown(path: Path) -> str:
 def data_paragraph(runs: list[Run]) -> list[str]:
     """Which ListOps the runs used: the generator's trees of the release's distribution, not the release's test set
     (each record's `data.origin`)."""
-    from tasks.listops import ListOpsConfig
+    from tasks.listops import ListOpsConfig  # the task (torch): only when the page is rendered, not for --help
 
     cfg = ListOpsConfig()
     listops = [r for r in runs if r.task == "listops"]
@@ -434,7 +434,7 @@ def rank_correlation(points: list[tuple[str, float, float]]) -> str:
             f"Rank correlation of test accuracy against output error: {counted}: too few to read a link (it needs "
             f"runs of at least {MIN_ATTENTIONS} attentions; no ρ is computed)."
         )
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # slow to import: only when there is a correlation to compute
 
     accs, errors = [p[1] for p in points], [p[2] for p in points]
     if len(set(accs)) < 2 or len(set(errors)) < 2:

@@ -81,7 +81,7 @@ def usable_cpus() -> int:
 
 def set_threads(threads: int | None) -> int:
     """torch's intra-op threads: `threads`, else `OMP_NUM_THREADS`, else `usable_cpus()`; returns the number."""
-    import torch
+    import torch  # here, not at the top: this module settles the process before torch loads
 
     env = os.environ.get("OMP_NUM_THREADS", "")
     chosen = int(threads) if threads else int(env) if env.isdigit() and int(env) > 0 else usable_cpus()
@@ -93,7 +93,7 @@ def set_threads(threads: int | None) -> int:
 def describe() -> dict[str, Any]:
     """What the record's `env.runtime` says: the threads torch uses, the CPUs it may, the wait policy, the
     allocator settings this process applied."""
-    import torch
+    import torch  # (see `set_threads`)
 
     return {
         "threads": torch.get_num_threads(),

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.diagnostics.callback import build_probe
+from lra_bench.config.setup import setup
+from lra_bench.diagnostics.callback import DiagnosticsCallback, build_probe
 from lra_bench.record.reader import typed
 from lra_bench.run.build import build_datamodule, build_model
 from models.attention.base import Attention
@@ -197,3 +198,34 @@ def model_instances(
         "overrides": list(settings.get("model_overrides") or []),
     }
     return out, info
+
+
+def measure_checkpoint(
+    ckpt: Path, threads: int, sequences: int, max_len: int, rank_tol: float, data_dir: str | None = None
+) -> dict[str, Any]:
+    """Per (sequence, layer, head) metrics of the checkpoint's own attention against exact softmax attention, on the
+    probe (the diagnostics' measurement, `DiagnosticsCallback.compute`) on `threads` CPU threads, plus what the
+    checkpoint and run are. A reproduction's `approx.json` (`lra_bench.reproduction_approx`) is made from it."""
+    torch.set_num_threads(threads)
+    setup()
+    cfg = run_config(ckpt)
+    if data_dir:
+        cfg.data_dir = data_dir
+    dm = build_datamodule(cfg)
+    dm.prepare_data()
+    dm.setup()
+    model = build_model(cfg, dm)
+    step = load_weights(model, ckpt)
+    diag_cfg = {"probe_size": sequences, "max_len": max_len, "rank_tol": rank_tol, "heads": None, "layers": None}
+    callback = DiagnosticsCallback(diag_cfg, dm)
+    diag = callback.compute(model, torch.device("cpu"))
+    if diag is None:
+        raise RuntimeError(f"{ckpt}: no measurement (no validation sequences, or an attention without implied_matrix)")
+    return {
+        "diag": diag,
+        "step": step,
+        "attn": str(cfg.attn.name),
+        "task": str(cfg.task.name),
+        "run": run_metrics(ckpt),
+        "threads": torch.get_num_threads(),
+    }

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from lra_bench.config.setup import setup
@@ -27,9 +29,6 @@ def compose_config(
     Inside a running Hydra app (GlobalHydra initialised on this same tree) the app's search path is reused;
     otherwise the tree is initialised for this call only.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     setup()
     if GlobalHydra.instance().is_initialized():
         return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)

@@ -14,7 +14,6 @@ from omegaconf import DictConfig, open_dict
 from lra_bench.config.pretrained_run import PretrainedSource, locate
 from lra_bench.errors import ConfigError
 from lra_bench.registry import ATTENTIONS
-from tasks.masking import OBJECTIVES
 
 STAGES = ("supervised", "pretrain", "spt")
 LOSSES = ("ce", "l1")
@@ -22,6 +21,10 @@ LOSSES = ("ce", "l1")
 
 def check_pretrain_keys(cfg: DictConfig) -> None:
     """`objective`, `spt.*` and causal support, for a run that pretrains (one ConfigError line on a mistake)."""
+    # the objectives live with the task's pretraining view (torch, Lightning): loaded only for a run that pretrains,
+    # so the config layer itself loads neither
+    from tasks.masking import OBJECTIVES
+
     objective = str(cfg.objective)
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective={objective!r}: expected one of {', '.join(OBJECTIVES)}")

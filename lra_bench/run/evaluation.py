@@ -39,6 +39,7 @@ from lra_bench.run.build import (
 from lra_bench.run.checkpoints import check_fits
 from lra_bench.run.console import print_summary
 from lra_bench.run.recorder import Recorder, TestOutputs, run_test
+from lra_bench.run.terminal import quiet_terminal, tee_output
 from lra_bench.run.train import identify
 
 
@@ -62,6 +63,15 @@ def checkpoint_to_test(cfg: DictConfig, output_dir: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value}: no such file; train=false needs an existing .ckpt to test")
     return str(path.resolve())
+
+
+def evaluate_into(cfg: DictConfig, out: Path) -> None:
+    """`evaluate` into `out` as `python -m lra_bench.evaluate` runs it: the folder made, and the terminal teed to
+    `out/run.log` (rank 0) and quieted as `run.py`'s is, so the terminal shows what a person reads."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "run.log" if getattr(rank_zero_only, "rank", 0) == 0 else None
+    with tee_output(log), quiet_terminal():
+        evaluate(cfg, out)
 
 
 def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
