@@ -5,7 +5,7 @@
 Every number in the document is read from `bench.json` / `approx.json` and formatted by code; the verdicts are
 computed. Rerun instead of editing. The page is what a person reads in five minutes (at most PAGE_LINES lines):
 each target and claim one line with its verdict and the figure that decides it (`standing`, `claims`), every
-ratio printed by the one rule of `numbers.ratio_text`. The full tables go beside it, not into it (`TABLES_DIR`):
+ratio printed by the one rule of `kit.numbers.ratio_text`. The full tables go beside it, not into it (`TABLES_DIR`):
 each app's own markdown (bench.md, approx.md: every table, for reading), every timed configuration and every
 approximation evaluation as CSV, both inputs as JSON (summaries recomputed), and the plots in `img/`.
 """
