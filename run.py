@@ -9,8 +9,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from lra_bench.config.digest import check_unchanged, remember_checked
 from lra_bench.config.setup import quiet_third_party_warnings, setup
+from lra_bench.preflight.digest import check_unchanged, remember_checked
 from lra_bench.runtime import prepare_process
 
 setup()
@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    from lra_bench.config.preflight import preflight
+    from lra_bench.preflight.command_line import preflight
 
     remember_checked(preflight(sys.argv[1:], check=check_run))  # bad input: one line, exit 2, before Hydra writes
     main()  # Hydra composes again and runs; the job first compares its config with the checked one

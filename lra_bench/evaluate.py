@@ -1,7 +1,8 @@
 """`python -m lra_bench.evaluate CHECKPOINT [--out DIR] [--retest] [KEY=VALUE ...]`: test exactly one checkpoint.
 
 A command above the run package: it reads the command line, sets the process up as `run.py` does (before torch is
-imported, hence the imports inside `main`), and hands one checkpoint to the run package's evaluation stage.
+imported: the run package loads only once the arguments and the checkpoint are checked, in `main`), and hands one
+checkpoint to the run package's evaluation stage.
 
 The model is rebuilt from the checkpoint's own run config (stored in every checkpoint the harness writes, see
 `lra_bench.run.checkpoints`; for an older checkpoint, the config in its run dir's `results.json`), so the
@@ -26,7 +27,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.config.setup import quiet_third_party_warnings, setup
+from lra_bench.config.validate import check_writable, validate
 from lra_bench.errors import ConfigError
+from lra_bench.record import results
+from lra_bench.record.checkpoint_file import load, meta_of
+from lra_bench.record.identity import LOGISTICS, is_logistics
+from tasks.layout import DataSourceError
 
 
 def default_out(checkpoint: Path) -> Path:
@@ -37,9 +44,6 @@ def default_out(checkpoint: Path) -> Path:
 
 def run_config(path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The resolved config the checkpoint was trained with."""
-    from lra_bench.record import results
-    from lra_bench.run.checkpoints import meta_of
-
     meta = meta_of(checkpoint)
     if meta is not None and isinstance(meta.get("config"), dict):
         return meta["config"]
@@ -60,8 +64,6 @@ NOT_OFFERED = ("hydra", "callbacks.fault", "train", "test", "retest")
 
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> DictConfig:
     """The checkpoint's config with logistics `KEY=VALUE` overrides; any other key is a one-line error."""
-    from lra_bench.record.identity import LOGISTICS, is_logistics
-
     cfg = OmegaConf.create(config)
     keys = []
     for item in overrides:
@@ -91,18 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--retest", action="store_true", help="test again even if this evaluation is recorded")
     args = parser.parse_args(argv)
 
-    from lra_bench.config.setup import quiet_third_party_warnings, setup
-
     setup()
     quiet_third_party_warnings()
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
-
-    from lra_bench.config.validate import check_writable, validate
-    from lra_bench.run.checkpoints import load
-    from lra_bench.run.evaluation import evaluate
-    from lra_bench.run.terminal import quiet_terminal, tee_output
-    from tasks.layout import DataSourceError
-
     try:
         path = args.checkpoint.expanduser().resolve()
         if not path.is_file():
@@ -112,10 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = (args.out or default_out(path)).expanduser()
         check_writable(out)
         validate(cfg)
-        out.mkdir(parents=True, exist_ok=True)
-        log = out / "run.log" if getattr(rank_zero_only, "rank", 0) == 0 else None
-        with tee_output(log), quiet_terminal():  # as run.py: the terminal shows what a person reads
-            evaluate(cfg, out)
+        # torch's and Lightning's run code: only once the arguments and the checkpoint are checked (--help stays fast)
+        from lra_bench.run.evaluation import evaluate_into
+
+        evaluate_into(cfg, out)
     except (ConfigError, DataSourceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -20,13 +20,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lra_bench.config.compose import compose_config, one_line
+from lra_bench.config.validate import check_components
 from lra_bench.errors import ConfigError
+from tasks.layout import DataSourceError
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
     """Build (or find) the cache of `cfg`'s task and return {task, protocol, cache, data_info, splits}."""
-    from lra_bench.config.validate import check_components
-    from lra_bench.run.build import build_datamodule
+    from lra_bench.run.build import build_datamodule  # torch and Lightning: after the command line is read
 
     check_components(cfg)
     dm = build_datamodule(cfg)
@@ -79,7 +80,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     as_json = "--json" in argv
     overrides = [a for a in argv if a != "--json"]
-    from tasks.layout import DataSourceError
 
     try:
         cfg = compose_config(overrides)

@@ -34,7 +34,7 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 from models.knobs import knob_values, knobs
 
 if TYPE_CHECKING:  # the bases are imported lazily at run time: building the CLI must not import torch

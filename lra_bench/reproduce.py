@@ -27,6 +27,7 @@ row); this command never reads or resumes them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -36,10 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-EVIDENCE_ROOT = REPO / "reproductions"
-WORK_ROOT = REPO / "outputs" / "reproductions"
-IN_PROGRESS = "in-progress"
+from lra_bench.record.checkpoint_file import best_checkpoint_of
+from lra_bench.reproduction_approx import APPROX_FILE
+from lra_bench.reproduction_runs import EVIDENCE_ROOT, IN_PROGRESS, REPO, WORK_ROOT
+
 #: what a completed run leaves as evidence (paths relative to its run dir; directories copied whole)
 EVIDENCE = ("results.json", "test_predictions.npz", "identity.json", "run.log", "csv", "approx.json")
 APPROX_TIMEOUT_S = 1800.0  # the approximation study is minutes at most; past this it is given up (evidence kept)
@@ -91,8 +92,6 @@ def copy_into(src: Path, dst: Path) -> None:
 def snapshot(run: Path, evidence: Path) -> bool:
     """Copy an unfinished run's state into `evidence/in-progress/` (replacing the previous snapshot whole, so the
     folder is always one consistent state). False when there is no complete checkpoint pair to copy yet."""
-    from lra_bench.run.checkpoints import best_checkpoint_of  # lra_bench.run loads torch and Lightning
-
     ckpts = run / "checkpoints"
     last = ckpts / "last.ckpt"
     if not last.exists():
@@ -137,8 +136,6 @@ def keep_evidence(run: Path, evidence: Path) -> None:
 
 
 def record_status(path: Path) -> str | None:
-    import json
-
     try:
         return json.loads(path.read_text()).get("status")
     except (OSError, ValueError):
@@ -156,8 +153,6 @@ def approx_command(args: argparse.Namespace) -> str:
 def approx_study(run: Path, out: Path, args: argparse.Namespace, timeout_s: float = APPROX_TIMEOUT_S) -> bool:
     """`lra_bench.reproduction_approx` on the completed run in `run`, written to `out`, as a child process (a crash,
     an exhausted memory or a hang cannot take the evidence with it). False, said on stdout, when it failed."""
-    from lra_bench.reproduction_approx import APPROX_FILE
-
     cmd = [
         sys.executable,
         "-m",
@@ -189,8 +184,6 @@ def approx_study(run: Path, out: Path, args: argparse.Namespace, timeout_s: floa
 
 def approx_only(args: argparse.Namespace) -> int:
     """`--approx-only`: the approximation study of a completed reproduction, into its evidence folder."""
-    from lra_bench.reproduction_approx import APPROX_FILE
-
     evidence = evidence_dir(args.protocol, args.task, args.attn, args.seed, Path(args.evidence_root))
     run = run_dir(args.protocol, args.task, args.attn, args.seed, Path(args.work_root))
     if record_status(evidence / "results.json") != "completed":
@@ -232,8 +225,6 @@ def reproduce(args: argparse.Namespace) -> int:
             last_snapshot = time.monotonic()
     code = child.returncode if child.returncode >= 0 else 128 - child.returncode  # killed by a signal: the shell's code
     if code == 0 and record_status(run / "results.json") == "completed":
-        from lra_bench.reproduction_approx import APPROX_FILE
-
         (run / APPROX_FILE).unlink(missing_ok=True)  # never an earlier study's file beside this run's evidence
         approx_study(run, run / APPROX_FILE, args)  # failure-tolerant: the evidence is kept either way
         keep_evidence(run, evidence)

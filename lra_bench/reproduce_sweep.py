@@ -29,6 +29,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from lra_bench import reproduce
+from lra_bench.reproduction_approx import APPROX_FILE
 
 #: the job folder below the sweep dir (`<work root>/<protocol>`): the one `lra_bench.reproduce.run_dir` names
 SUBDIR = "${task.name}/${attn.name}/seed-${seed}"
@@ -71,8 +72,6 @@ class EvidenceCallback(Callback):
         if reproduce.record_status(evidence / "results.json") == "completed":
             return  # a completed evidence folder is left as it is
         if reproduce.record_status(run / "results.json") == "completed":
-            from lra_bench.reproduction_approx import APPROX_FILE
-
             (run / APPROX_FILE).unlink(missing_ok=True)
             reproduce.approx_study(run, run / APPROX_FILE, args)  # failure-tolerant, as in make reproduce
             reproduce.keep_evidence(run, evidence)
@@ -81,7 +80,7 @@ class EvidenceCallback(Callback):
             print(f"[reproduce] not completed: state saved in {evidence / reproduce.IN_PROGRESS}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from lra_bench import reproductions
+        from lra_bench import reproductions  # the page's code only at the end: this callback loads in every job
 
         reproductions.main(["--root", str(self.evidence_root), "--out", str(self.page)])
 

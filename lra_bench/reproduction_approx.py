@@ -36,6 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lra_bench.record.checkpoint_file import best_checkpoint_of
+from lra_bench.record.provenance import git_commit, hardware
+
 APPROX_FILE = "approx.json"
 PROBE_SEQUENCES = 8  # the longest validation sequences …
 PROBE_MAX_LEN = 1024  # … cut to this many tokens (the training-time diagnostics' cut)
@@ -47,8 +50,6 @@ EXACT = "full"  # the attention whose Â is exact softmax attention
 def best_checkpoint(run: Path) -> Path:
     """The run's best-val checkpoint: the one its `last.ckpt` names (ModelCheckpoint state), else the only, or the
     highest-step, `best-*.ckpt` in `checkpoints/`. FileNotFoundError when there is none."""
-    from lra_bench.run.checkpoints import best_checkpoint_of
-
     ckpts = run / "checkpoints"
     last = ckpts / "last.ckpt"
     if last.exists():
@@ -81,45 +82,6 @@ def _numbers(rows: list[dict[str, Any]], key: str) -> list[float]:
 def _stats(rows: list[dict[str, Any]], key: str) -> dict[str, float | None]:
     values = _numbers(rows, key)
     return {"mean": _mean(values), "median": _median(values)}
-
-
-def measure(
-    ckpt: Path,
-    sequences: int = PROBE_SEQUENCES,
-    max_len: int = PROBE_MAX_LEN,
-    rank_tol: float = RANK_TOL,
-    data_dir: str | None = None,
-) -> dict[str, Any]:
-    """Per (sequence, layer, head) metrics of the checkpoint's own attention against exact softmax attention, on the
-    probe (the diagnostics' measurement, `DiagnosticsCallback.compute`), plus what the checkpoint and run are."""
-    import torch
-
-    from lra_bench.approx.capture import load_weights, run_config, run_metrics
-    from lra_bench.config.setup import setup
-    from lra_bench.diagnostics.callback import DiagnosticsCallback
-    from lra_bench.run.build import build_datamodule, build_model
-
-    setup()
-    cfg = run_config(ckpt)
-    if data_dir:
-        cfg.data_dir = data_dir
-    dm = build_datamodule(cfg)
-    dm.prepare_data()
-    dm.setup()
-    model = build_model(cfg, dm)
-    step = load_weights(model, ckpt)
-    diag_cfg = {"probe_size": sequences, "max_len": max_len, "rank_tol": rank_tol, "heads": None, "layers": None}
-    callback = DiagnosticsCallback(diag_cfg, dm)
-    diag = callback.compute(model, torch.device("cpu"))
-    if diag is None:
-        raise RuntimeError(f"{ckpt}: no measurement (no validation sequences, or an attention without implied_matrix)")
-    return {
-        "diag": diag,
-        "step": step,
-        "attn": str(cfg.attn.name),
-        "task": str(cfg.task.name),
-        "run": run_metrics(ckpt),
-    }
 
 
 def summarise(measured: dict[str, Any]) -> dict[str, Any]:
@@ -183,14 +145,12 @@ def study(
     command: str | None = None,
 ) -> dict[str, Any]:
     """`approx.json`'s content for the completed run in the work folder `run`."""
-    import torch
+    # torch and the run's code only when a study runs: `make reproduce`, its sweep callback and the page import this
+    from lra_bench.approx.capture import measure_checkpoint
 
-    from lra_bench.record.provenance import git_commit, hardware
-
-    torch.set_num_threads(threads)
     started = time.perf_counter()
     ckpt = best_checkpoint(run)
-    measured = measure(ckpt, sequences, max_len, RANK_TOL, data_dir)
+    measured = measure_checkpoint(ckpt, threads, sequences, max_len, RANK_TOL, data_dir)
     probe = measured["diag"]["probe"]
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -220,7 +180,7 @@ def study(
         "code": git_commit(),
         "machine": {k: v for k, v in hardware().items() if k in ("cpu", "cpu_capability", "cpu_count", "gpus")},
         "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
+        "threads": measured["threads"],
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     data["seconds"] = round(time.perf_counter() - started, 1)

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from lra_bench.compare.pairing import efficiency, seed_outcome
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.reproduced import reproduction_interval
-from lra_bench.reports.markdown import table
 from lra_bench.reproduction_approx import EXACT
 from lra_bench.reproduction_runs import Run
 from lra_bench.stats.paired import NO_TEST, PairedResult, compare_paired

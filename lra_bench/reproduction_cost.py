@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lra_bench.kit.figures import pyplot, save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.reproduced import reproduction_interval
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
 from lra_bench.reproduction_claims import completed
 from lra_bench.reproduction_runs import Run
 
@@ -116,10 +116,7 @@ def plot_cost(runs: Sequence[Run], path: Path) -> Path | None:
     if not rows:
         path.unlink(missing_ok=True)
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
     for ax, label, value in (

@@ -1,5 +1,10 @@
 """One committed reproduction run as the page reads it: its record, curve, progress and wall time (the type
-`lra_bench.reproductions` collects and the page's sections — cost, claims — read)."""
+`lra_bench.reproductions` collects and the page's sections — cost, claims — read).
+
+The places of the evidence are here too (`REPO`, `EVIDENCE_ROOT`, `WORK_ROOT`, `IN_PROGRESS`): `make reproduce`
+(`lra_bench.reproduce`) writes there and a run's opening line (`lra_bench.run.console`) reads its duration from the
+completed runs, so the reader sits below both and imports only the record.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,11 @@ from typing import Any
 
 from lra_bench.record import reader
 from lra_bench.record.identity import identity_of
-from lra_bench.reproduce import EVIDENCE_ROOT, IN_PROGRESS
 
+REPO = Path(__file__).resolve().parents[1]
+EVIDENCE_ROOT = REPO / "reproductions"
+WORK_ROOT = REPO / "outputs" / "reproductions"
+IN_PROGRESS = "in-progress"
 PRIOR_MARGIN = 0.05  # val accuracy above the majority-class share that counts as having left the prior
 #: what a step time depends on and a CPU's name does not say (one name covers CPUs whose timings differ)
 MACHINE_KEYS = ("cpu", "cpu_id", "cpu_capability")

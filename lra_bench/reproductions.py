@@ -49,19 +49,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lra_bench.kit.figures import pyplot, save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
+from lra_bench.record.checkpoint_file import META_KEY, load_checkpoint
 from lra_bench.registry import ATTENTIONS
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
-from lra_bench.reproduce import EVIDENCE_ROOT as ROOT
-from lra_bench.reproduce import IN_PROGRESS, REPO
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
 from lra_bench.reproduction_approx import read as read_approx
 from lra_bench.reproduction_claims import claims_section, seeds_needed
 from lra_bench.reproduction_cost import COST_FIGURE, cost_section, plot_cost
-from lra_bench.reproduction_runs import PRIOR_MARGIN, Run, recorded_run
+from lra_bench.reproduction_runs import EVIDENCE_ROOT as ROOT
+from lra_bench.reproduction_runs import IN_PROGRESS, PRIOR_MARGIN, REPO, Run, recorded_run
 
 PAGE = REPO / "docs" / "reproductions.md"
 FIGURE_NAME = "reproductions_curves.png"
@@ -113,10 +113,8 @@ def _collect(root: Path, variant: str | None) -> list[Run]:
 
 
 def snapshot_progress(last: Path) -> tuple[int | None, list[dict[str, Any]]]:
-    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.run.checkpoints`);
+    """The step a snapshot's `last.ckpt` holds and its training segments (`lra_bench.record.checkpoint_file`);
     without the checkpoint, what `checkpoint.json` beside `checkpoints/` kept of it (a variant's snapshot)."""
-    from lra_bench.run.checkpoints import META_KEY, load_checkpoint
-
     if not last.exists():
         kept = last.parent.parent / SNAPSHOT_PROGRESS
         if kept.exists():
@@ -337,7 +335,7 @@ def _shown(path: Path) -> str:
 def data_paragraph(runs: list[Run]) -> list[str]:
     """Which ListOps the runs used: the generator's trees of the release's distribution, not the release's test set
     (each record's `data.origin`)."""
-    from tasks.listops import ListOpsConfig
+    from tasks.listops import ListOpsConfig  # the task (torch): only when the page is rendered, not for --help
 
     cfg = ListOpsConfig()
     listops = [r for r in runs if r.task == "listops"]
@@ -436,7 +434,7 @@ def rank_correlation(points: list[tuple[str, float, float]]) -> str:
             f"Rank correlation of test accuracy against output error: {counted}: too few to read a link (it needs "
             f"runs of at least {MIN_ATTENTIONS} attentions; no ρ is computed)."
         )
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # slow to import: only when there is a correlation to compute
 
     accs, errors = [p[1] for p in points], [p[2] for p in points]
     if len(set(accs)) < 2 or len(set(errors)) < 2:
@@ -584,10 +582,7 @@ def plot(runs: list[Run], path: Path, title: str = "Every reproduction run (dash
     """Every run's validation curve. The legend sits beside the axes, never over a curve (inside, in any corner, it
     hid the curves that reach there); a column of it per 20 runs keeps it within the figure's height, and the
     figure widens by a column's width, so the axes keep their size."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows_per_column = 20
     columns = max(1, math.ceil(sum(1 for r in runs if r.curve) / rows_per_column))

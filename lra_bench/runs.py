@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from lra_bench.kit.terminal import table_console
 from lra_bench.leaderboard.aggregate import find_results, load_records
 from lra_bench.record.curves import read_metrics
 from lra_bench.record.identity import LOGISTICS
 from lra_bench.record.reader import lookup, typed
-from lra_bench.reports.terminal import table_console
 from lra_bench.run.rundir import is_held
 from lra_bench.runs_removal import remove_listed
 

@@ -26,8 +26,9 @@ from typing import Any
 
 from rich.console import Console
 
+from lra_bench.config.validate import LINK
 from lra_bench.errors import ConfigError
-from lra_bench.run.rundir import LINK, RunDirLock
+from lra_bench.run.rundir import RunDirLock
 
 #: the statuses `--remove` deletes; `COMPLETED` only with `--include-completed`; any other (running) never
 REMOVABLE = ("failed", "interrupted", "stopped")

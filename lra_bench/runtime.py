@@ -17,13 +17,15 @@ training step (`python -m lra_bench.bench.step`):
   32 MiB `torch.exp` took 40 ms instead of 16 (8,193 page faults per call), and a Performer layer's forward and
   backward 3.4 s instead of 1.5 (AMD EPYC with AVX2, one thread). The price is resident memory: what the heap
   keeps counts in a run's CPU peak (the resident set), 2.67 → 3.93 GiB for Performer's protocol step and
-  1.90 → 1.96 GiB for Nyström's; the attention benchmark's memory probes (`lra_bench.bench.memory`) trim the
+  1.90 → 1.96 GiB for Nyström's; the attention benchmark's memory probes (`lra_bench.memory`) trim the
   heap before they measure and are unaffected.
 * **Threads follow the CPUs the process may use**: its affinity mask, capped by `SLURM_CPUS_PER_TASK` under
   SLURM (`usable_cpus`), unless `threads=N` (or `OMP_NUM_THREADS`) says otherwise.
 
 Everything here is logistics: it changes how fast a run goes, never what it computes beyond fp32 reduction order
 (which thread count can change); the record's `env.runtime` says what a run used.
+
+`uptime` is the machine's load as a study records it beside its timings (the locality and spt studies).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -78,7 +81,7 @@ def usable_cpus() -> int:
 
 def set_threads(threads: int | None) -> int:
     """torch's intra-op threads: `threads`, else `OMP_NUM_THREADS`, else `usable_cpus()`; returns the number."""
-    import torch
+    import torch  # here, not at the top: this module settles the process before torch loads
 
     env = os.environ.get("OMP_NUM_THREADS", "")
     chosen = int(threads) if threads else int(env) if env.isdigit() and int(env) > 0 else usable_cpus()
@@ -90,7 +93,7 @@ def set_threads(threads: int | None) -> int:
 def describe() -> dict[str, Any]:
     """What the record's `env.runtime` says: the threads torch uses, the CPUs it may, the wait policy, the
     allocator settings this process applied."""
-    import torch
+    import torch  # (see `set_threads`)
 
     return {
         "threads": torch.get_num_threads(),
@@ -99,3 +102,12 @@ def describe() -> dict[str, Any]:
         "malloc": _applied.get("malloc") or {k: os.environ[k] for k in MALLOC_ENV if k in os.environ} or None,
         **({"note": _applied["note"]} if "note" in _applied else {}),
     }
+
+
+def uptime() -> str:
+    """The machine's load as `uptime` prints it (else the load average): a study records it before and after its
+    runs, so a reader can tell whether the machine was busy while it timed them."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"load average {os.getloadavg()}"

@@ -11,6 +11,7 @@ never imports `lra_bench`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -70,8 +71,6 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 def content_digest(paths: list[Path]) -> str:
     """sha256 over the bytes of `paths` in order (16 hex digits): what the files hold, wherever they lie and whatever
     their mtimes. Cached per (path, size, mtime) for the process, since a record asks once per stage."""
-    import hashlib
-
     whole = hashlib.sha256()
     for path in paths:
         st = path.stat()

@@ -62,6 +62,7 @@ from PIL import Image
 
 from tasks import cache, tfds_order
 from tasks.base import SPLITS, LRADataModule
+from tasks.generate import pathfinder as generator
 from tasks.layout import DataSourceError, candidates
 from tasks.sources import MissingSourceError, plain, source_error
 
@@ -413,8 +414,6 @@ class PathfinderDataModule(LRADataModule):
             raise self.missing_error(str(err)) from None
 
     def generate(self) -> Path:
-        from tasks.generate import pathfinder as generator
-
         c = self.cfg
         workers = int(c["gen_workers"]) or (os.cpu_count() or 1)
         target = Path(self.data_dir).expanduser() / self.relative

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -88,7 +89,7 @@ def is_disk_dataset(path: Path) -> bool:
 
 def load_disk_dataset(path: Path, splits: Sequence[str]) -> dict[str, Any]:
     """The named splits of a `save_to_disk` folder, or a `DataSourceError` naming the folder."""
-    from datasets import DatasetDict, load_from_disk
+    from datasets import DatasetDict, load_from_disk  # slow to import: only when a dataset is read
 
     try:
         loaded = load_from_disk(str(path))
@@ -104,9 +105,7 @@ def load_disk_dataset(path: Path, splits: Sequence[str]) -> dict[str, Any]:
 
 def hub_unreachable(timeout_s: float = HUB_PROBE_S) -> str | None:
     """Why the HF hub cannot be reached within `timeout_s` (a TCP connection to its host), or None if it can."""
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # reads the offline switches at import: after `import tasks` set them
 
     url = urlparse(constants.ENDPOINT)
     port = url.port or (443 if url.scheme == "https" else 80)
@@ -120,7 +119,7 @@ def hub_unreachable(timeout_s: float = HUB_PROBE_S) -> str | None:
 def load_hub_dataset(name: str, splits: Sequence[str]) -> tuple[dict[str, Any] | None, str]:
     """`datasets.load_dataset(name)`: the local HF cache when offline (the default, see the module docstring), the
     hub when the user allowed it and it answers. (splits, "") or (None, why) — never a minute of retries."""
-    from datasets import config, load_dataset
+    from datasets import config, load_dataset  # slow to import: only when a dataset is read
 
     if not config.HF_HUB_OFFLINE:
         unreachable = hub_unreachable()

@@ -36,7 +36,7 @@ def run_approx(tmp_path: Path, overrides: list[str]) -> dict[str, Any]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from lra_bench.approx.__main__ import run
+    from lra_bench.approx.app import run
 
     GlobalHydra.instance().clear()
     try:

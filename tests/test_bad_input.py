@@ -1,6 +1,6 @@
 """Bad input → one line naming the key (or file), the value and what is valid; exit 2; nothing written.
 
-The pre-flight (`lra_bench.config.preflight`) is called in-process for the many config cases (fast) and through
+The pre-flight (`lra_bench.preflight.command_line`) is called in-process for the many config cases (fast) and through
 real `run.py` / `python -m lra_bench.bench` / `python -m lra_bench.leaderboard` processes for a representative few.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lra_bench.bench.checks import check_bench
-from lra_bench.config.preflight import preflight
+from lra_bench.preflight.command_line import preflight
 from lra_bench.run.build import check_run_config
 from tasks.layout import DataSourceError
 from tests.conftest import REPO, TINY_LISTOPS, compose

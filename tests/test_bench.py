@@ -181,7 +181,7 @@ def test_cli_isolated_subprocess_per_config(tmp_path: Path) -> None:
 
 
 def test_peak_memory_probe_sees_an_allocation() -> None:
-    from lra_bench.bench.memory import PeakMemory
+    from lra_bench.memory import PeakMemory
 
     meter = PeakMemory(torch.device("cpu"))
     meter.start()

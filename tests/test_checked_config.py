@@ -4,7 +4,7 @@
 checks it (bad input: one line, exit 2, before Hydra writes anything), then the `@hydra.main` function is called and
 Hydra composes the config again for the job. The single composition an earlier version bought (by re-implementing
 `Hydra.run` on `hydra._internal`) guaranteed that the config that runs is the config that was checked; now the job
-compares the digest of the config Hydra passed with the checked one's (`lra_bench.config.digest`). This file checks
+compares the digest of the config Hydra passed with the checked one's (`lra_bench.preflight.digest`). This file checks
 both halves on real `run.py` processes:
 
 * the pre-flight in front of `@hydra.main` changes nothing Hydra writes: a tiny run through `python run.py` leaves
@@ -116,7 +116,7 @@ def test_a_config_changed_after_the_check_stops_the_run_with_one_line(tmp_path: 
 def test_the_digest_sees_the_job_s_part_and_the_line_names_the_first_key_that_differs() -> None:
     from omegaconf import OmegaConf
 
-    from lra_bench.config.digest import config_digest, dotted, first_difference
+    from lra_bench.preflight.digest import config_digest, dotted, first_difference
 
     checked = {"seed": 0, "trainer": {"max_steps": 4, "devices": [0, 1]}, "out": "${hydra:runtime.output_dir}"}
     same = OmegaConf.create({"hydra": {"job": {"name": "compose"}}, **checked})

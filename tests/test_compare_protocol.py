@@ -1,6 +1,6 @@
 """`python -m lra_bench.compare` and the protocol: off-protocol runs are said to be, and measurement settings
 (`diagnostics.*`) neither split a side nor make two sides incomparable — as in the protocol check
-(`lra_bench.record.conformance`). Records are written by the compare tests' helper (`write_run`)."""
+(`lra_bench.config.conformance`). Records are written by the compare tests' helper (`write_run`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lra_bench.record.conformance import METHOD_AND_MEASUREMENT
+from lra_bench.config.conformance import METHOD_AND_MEASUREMENT
 from lra_bench.record.identity import MEASUREMENT, result_view, under
 from tests.test_compare import compare, planted, write_run
 

@@ -291,10 +291,11 @@ def test_an_unknown_kernels_value_is_refused_in_one_line() -> None:
 def test_the_kernels_are_in_the_identity_but_not_in_the_architecture_or_the_protocol() -> None:
     """`model.kernels` moves results (fp32 rounding, another dropout stream), so it is in the identity and the
     fingerprint; a checkpoint of one path loads on the other, and either path is on-protocol."""
+    from lra_bench.config import conformance
     from lra_bench.errors import ConfigError
-    from lra_bench.record import conformance
+    from lra_bench.record.checkpoint_file import META_FORMAT, META_KEY
     from lra_bench.record.identity import config_identity, fingerprint
-    from lra_bench.run.checkpoints import META_FORMAT, META_KEY, check_fits
+    from lra_bench.run.checkpoints import check_fits
     from tests.conftest import compose
 
     def identity(*overrides: str) -> dict[str, Any]:
@@ -319,8 +320,8 @@ def test_a_run_made_before_the_choice_keeps_its_fingerprint_on_the_eager_path() 
     in-progress snapshot of it resumes into its folder (`rundir.check_same_experiment` compares fingerprints),
     and its seeds stay one leaderboard row."""
     from lra_bench.config.compose import compose_config
-    from lra_bench.config.plain import plain_dict
-    from lra_bench.record.conformance import derive_run_keys
+    from lra_bench.config.conformance import derive_run_keys
+    from lra_bench.kit.plain import plain_dict
     from lra_bench.record.identity import DATA_KEYS, KERNEL_BASELINES, config_identity, fingerprint, under
     from models.encoder import UNSET_KERNELS
 

@@ -212,7 +212,7 @@ def test_bench_references_compute_exact_attention(device: str, dtype: torch.dtyp
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="needs a CUDA device")
 def test_cuda_peak_memory_counts_what_the_phase_allocates_not_the_baseline() -> None:
-    from lra_bench.bench.memory import PeakMemory
+    from lra_bench.memory import PeakMemory
 
     device = torch.device("cuda")
     resident = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)  # 64 MiB before the phase

@@ -137,7 +137,8 @@ def test_a_checkpoint_trained_on_one_kernel_loads_under_the_other() -> None:
     """`attn.kernel` is in the identity (it moves results at fp32 rounding) but not in the architecture a checkpoint
     must match: the weights mean the same on both paths. Another dropout still refuses."""
     from lra_bench.errors import ConfigError
-    from lra_bench.run.checkpoints import META_FORMAT, META_KEY, check_fits
+    from lra_bench.record.checkpoint_file import META_FORMAT, META_KEY
+    from lra_bench.run.checkpoints import check_fits
 
     made = {"attn.name": "full", "attn.dropout": 0.1, "attn.kernel": "fused", "model.dim": 64}
     checkpoint = {META_KEY: {"format": META_FORMAT, "identity": made}, "state_dict": {}}

@@ -40,8 +40,8 @@ def _write(
     seq_len: int = 1024,
 ) -> Path:
     """One completed run's `results.json`, built as `run.py` builds it, with the measured numbers given."""
+    from lra_bench.config.stages import resolve_stage
     from lra_bench.record.builder import new_record
-    from lra_bench.run.pretrain import resolve_stage
     from lra_bench.run.train import identify
 
     cfg = compose(overrides)

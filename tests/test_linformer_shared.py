@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import build_attention, selector_node
 from lra_bench.run.build import build_network
 from models.attention.linformer import LinformerAttention

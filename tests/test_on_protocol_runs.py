@@ -52,8 +52,8 @@ class PreparedData(SimpleNamespace):
 
 def recorded_conformance(overrides: list[str]) -> dict[str, Any]:
     """The conformance a run of `overrides` records, through the chain `train()` runs before its first step."""
+    from lra_bench.config import conformance
     from lra_bench.config.validate import check_rules
-    from lra_bench.record import conformance
     from lra_bench.record.builder import new_record
     from lra_bench.run.train import identify
 

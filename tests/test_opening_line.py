@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lra_bench.record.provenance import hardware
-from lra_bench.reproduce import EVIDENCE_ROOT
+from lra_bench.reproduction_runs import EVIDENCE_ROOT
 from lra_bench.run.console import QUICK_LOOK, measured_here
 from tests.conftest import REPO, STOPPED, TINY_LISTOPS, run_cli
 

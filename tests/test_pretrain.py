@@ -18,10 +18,10 @@ from omegaconf import DictConfig
 
 from lra_bench.config.validate import validate
 from lra_bench.errors import ConfigError
+from lra_bench.record.checkpoint_file import load_checkpoint
 from lra_bench.registry import ATTENTIONS, build_attention
 from lra_bench.run import pretrain as stage
 from lra_bench.run.build import build_datamodule, build_model, build_module
-from lra_bench.run.checkpoints import load_checkpoint
 from lra_bench.run.entry import run_stage
 from models.attention.full import FullAttention
 from tasks.base import ArrowSplit

@@ -82,8 +82,8 @@ def test_record_config_and_identity_are_plain_json(task: str) -> None:
     """What goes into results.json, identity.json and every checkpoint (loaded with `weights_only=True`, which
     refuses any class, a str-valued Enum included): exactly plain types, and a task's own values compare equal to its
     protocol's (no spurious deviation)."""
+    from lra_bench.config import conformance
     from lra_bench.config.validate import check_components
-    from lra_bench.record import conformance
 
     cfg = compose([f"task={task}", "attn=full"])
     check_components(cfg)  # what validate() does first: typed schema values (enums) replace the YAML's
@@ -103,8 +103,8 @@ def _plain(value: Any) -> bool:
 
 def _identity_of(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The record and identity a run of `cfg` makes: settled as the run settles it (derived keys), then recorded."""
+    from lra_bench.config.conformance import derive_run_keys
     from lra_bench.record.builder import new_record
-    from lra_bench.record.conformance import derive_run_keys
     from lra_bench.record.identity import run_identity
 
     derive_run_keys(cfg)
@@ -141,7 +141,7 @@ def test_trainer_precision_is_part_of_the_fingerprint() -> None:
     ],
 )
 def test_off_protocol_lists_exactly_the_changed_protocol_values(overrides: list[str], changed: dict) -> None:
-    from lra_bench.record import conformance
+    from lra_bench.config import conformance
 
     record, identity = _identity(overrides)
     found = conformance.check(identity, record["task"], record["protocol"], record["attn"], record["selector"])
@@ -153,7 +153,7 @@ def test_off_protocol_lists_exactly_the_changed_protocol_values(overrides: list[
 
 
 def test_debug_fdr_is_off_protocol() -> None:
-    from lra_bench.record import conformance
+    from lra_bench.config import conformance
 
     _, identity = _identity(["attn=gpa", "debug=fdr"])
     found = conformance.check(identity, "listops", "nystromformer", "gpa", "gpa")
@@ -162,7 +162,7 @@ def test_debug_fdr_is_off_protocol() -> None:
 
 # -- item 5: leaderboard rows are experiments --------------------------------------------------------------------
 def _write(root: Path, name: str, overrides: list[str], test_acc: float, finished: str = "2026-01-02T00:00:00") -> Path:
-    from lra_bench.record import conformance
+    from lra_bench.config import conformance
     from lra_bench.record.identity import fingerprint
 
     record, identity = _identity(overrides)

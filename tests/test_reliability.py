@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lra_bench.errors import ConfigError
-from lra_bench.record import results
+from lra_bench.record import checkpoint_file, results
 from lra_bench.run import checkpoints
 from tests.conftest import REPO, TINY_LISTOPS, compose, fault, run_cli
 
@@ -37,7 +37,7 @@ def _train(tmp_path: Path, *overrides: str, out: Path | None = None) -> dict:
 
 
 def _finite(path: Path) -> bool:
-    sd = checkpoints.load_checkpoint(path)["state_dict"]
+    sd = checkpoint_file.load_checkpoint(path)["state_dict"]
     tensors = [v for v in sd.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     return all(bool(torch.isfinite(v).all()) for v in tensors)
 
@@ -53,10 +53,10 @@ def test_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path: P
     assert record["status"] == "failed" and "FloatingPointError" in record["error"] and message in record["error"]
     ckpts = sorted((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
     assert ckpts, "no checkpoint at all"
-    assert checkpoints.load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert checkpoint_file.load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 4
     for path in ckpts:  # nothing of the poisoned state was written, anywhere
         assert _finite(path), f"{path.name} holds non-finite weights"
-        assert checkpoints.load_checkpoint(path)["global_step"] <= 4
+        assert checkpoint_file.load_checkpoint(path)["global_step"] <= 4
 
 
 def test_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:
@@ -79,8 +79,8 @@ def test_unwritable_output_dir_fails_before_training(tmp_path: Path) -> None:
 def test_corrupt_last_ckpt_falls_back_to_the_previous_one(tmp_path: Path) -> None:
     first = _train(tmp_path)
     ckpt_dir = tmp_path / "run" / "checkpoints"
-    assert checkpoints.load_checkpoint(ckpt_dir / "last.ckpt")["global_step"] == 6
-    prev_step = checkpoints.load_checkpoint(ckpt_dir / "last-prev.ckpt")["global_step"]
+    assert checkpoint_file.load_checkpoint(ckpt_dir / "last.ckpt")["global_step"] == 6
+    prev_step = checkpoint_file.load_checkpoint(ckpt_dir / "last-prev.ckpt")["global_step"]
     assert prev_step == 4
     last = ckpt_dir / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a write cut short, by a kill, which also
@@ -92,7 +92,7 @@ def test_corrupt_last_ckpt_falls_back_to_the_previous_one(tmp_path: Path) -> Non
     assert again["status"] == "completed"
     assert again["run"]["resumed_from_step"] == prev_step
     assert again["metrics"]["train_steps"] == first["metrics"]["train_steps"] == 6
-    assert checkpoints.checkpoint_problem(last) is None  # rewritten whole
+    assert checkpoint_file.checkpoint_problem(last) is None  # rewritten whole
 
 
 def test_find_resumable_order_and_rejections(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_every_load_is_weights_only_and_our_checkpoints_pass(tmp_path: Path, mon
     with pytest.raises(pickle.UnpicklingError):  # and the loader really is strict
         bad = tmp_path / "bad.ckpt"
         torch.save({"x": _Unsafe()}, bad)
-        checkpoints.load_checkpoint(bad)
+        checkpoint_file.load_checkpoint(bad)
 
 
 @pytest.mark.slow

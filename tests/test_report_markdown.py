@@ -1,9 +1,9 @@
-"""The one pipe-table helper every report uses (`lra_bench.reports.markdown.table`): the layout, and free text that
+"""The one pipe-table helper every report uses (`lra_bench.kit.markdown.table`): the layout, and free text that
 cannot break a row when it is escaped (the leaderboard's run names and failure reasons)."""
 
 from __future__ import annotations
 
-from lra_bench.reports.markdown import table
+from lra_bench.kit.markdown import table
 
 
 def test_a_table_is_header_rule_and_one_line_per_row() -> None:

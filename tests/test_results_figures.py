@@ -26,9 +26,9 @@ def test_an_unmeasured_target_is_one_clause() -> None:
 
 
 def test_a_ratio_past_what_its_inputs_support_is_a_bound_not_a_figure() -> None:
-    """The one rule (`reports.numbers.ratio_text`): three significant figures; above the limit only the bound; no
+    """The one rule (`kit.numbers.ratio_text`): three significant figures; above the limit only the bound; no
     ratio over a noise denominator."""
-    from lra_bench.reports.numbers import ratio_text as rule
+    from lra_bench.kit.numbers import ratio_text as rule
 
     assert rule(676682359.81, limit=87.3) == "> 87.3× (worse than Â = 0)"
     assert rule(3.3412, limit=87.3) == "3.34×" and rule(87.3, limit=87.3) == "87.3×"

@@ -68,8 +68,8 @@ def check_jobs(
     sweeper of this package (the Optuna sweeper checks each batch of trials with it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from lra_bench.config.preflight import composition_error
     from lra_bench.errors import ConfigError, IncompatibleCombination
+    from lra_bench.preflight.command_line import composition_error
     from lra_bench.run.build import check_run_config
 
     kept = []

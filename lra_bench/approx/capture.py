@@ -25,7 +25,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lra_bench.config.setup import setup
+from lra_bench.diagnostics.callback import DiagnosticsCallback, build_probe
 from lra_bench.record.reader import typed
+from lra_bench.run.build import build_datamodule, build_model
+from models.attention.base import Attention
 
 
 @dataclass
@@ -75,8 +79,6 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> int:
 
 def capture(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[list[tuple]]:
     """(q, k, v, mask) of every Attention call, grouped by layer (module order)."""
-    from models.attention.base import Attention
-
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     seen: list[list[tuple]] = [[] for _ in layers]
 
@@ -131,14 +133,10 @@ def model_instances(
     ckpt: str | None, settings: dict[str, Any], compose_main: Any, seed: int
 ) -> tuple[dict[str, list[Instance]], dict[str, Any]]:
     """Instances for `trained` (when a checkpoint is given) and `random_model`, plus provenance notes."""
-    from lra_bench.run.build import build_datamodule, build_model
-
     sequences, max_len, min_len = int(settings["sequences"]), int(settings["max_len"]), int(settings["min_len"])
     out: dict[str, list[Instance]] = {}
     info: dict[str, Any] = {}
     if ckpt:
-        from lra_bench.diagnostics.callback import build_probe
-
         path = Path(ckpt).expanduser()
         cfg = run_config(path)
         if settings.get("data_dir"):  # read (or regenerate) the task's data here, not in the run's data_dir
@@ -200,3 +198,34 @@ def model_instances(
         "overrides": list(settings.get("model_overrides") or []),
     }
     return out, info
+
+
+def measure_checkpoint(
+    ckpt: Path, threads: int, sequences: int, max_len: int, rank_tol: float, data_dir: str | None = None
+) -> dict[str, Any]:
+    """Per (sequence, layer, head) metrics of the checkpoint's own attention against exact softmax attention, on the
+    probe (the diagnostics' measurement, `DiagnosticsCallback.compute`) on `threads` CPU threads, plus what the
+    checkpoint and run are. A reproduction's `approx.json` (`lra_bench.reproduction_approx`) is made from it."""
+    torch.set_num_threads(threads)
+    setup()
+    cfg = run_config(ckpt)
+    if data_dir:
+        cfg.data_dir = data_dir
+    dm = build_datamodule(cfg)
+    dm.prepare_data()
+    dm.setup()
+    model = build_model(cfg, dm)
+    step = load_weights(model, ckpt)
+    diag_cfg = {"probe_size": sequences, "max_len": max_len, "rank_tol": rank_tol, "heads": None, "layers": None}
+    callback = DiagnosticsCallback(diag_cfg, dm)
+    diag = callback.compute(model, torch.device("cpu"))
+    if diag is None:
+        raise RuntimeError(f"{ckpt}: no measurement (no validation sequences, or an attention without implied_matrix)")
+    return {
+        "diag": diag,
+        "step": step,
+        "attn": str(cfg.attn.name),
+        "task": str(cfg.task.name),
+        "run": run_metrics(ckpt),
+        "threads": torch.get_num_threads(),
+    }

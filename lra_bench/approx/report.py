@@ -6,9 +6,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
-from lra_bench.reports.numbers import ratio_text
+from lra_bench.kit.figures import pyplot, save_figure
+from lra_bench.kit.markdown import table
+from lra_bench.kit.numbers import ratio_text
 
 #: relative errors below this are drawn at it (a floor of 1e-15 would otherwise stretch the axis over 16 decades)
 PLOT_FLOOR = 1e-4
@@ -293,10 +293,7 @@ def plot(data: dict[str, Any], out_dir: Path) -> list[str]:
     """approx_<source>.png: median relative error against m — selectors under the stable and the training
     solve and the oracle middle matrix, attentions at their defaults — with the SVD floor dashed and Â = 0
     dotted; values below PLOT_FLOOR are clipped to it and marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     agg = data["summary"]["aggregate"]
     written = []

@@ -31,7 +31,10 @@ from typing import Any
 import torch
 
 from lra_bench.approx.capture import Instance
+from lra_bench.bench.variants import attn_params, default_selector, selector_params
 from lra_bench.diagnostics import metrics as dg
+from lra_bench.diagnostics.callback import effective_rank, rank_budget
+from lra_bench.registry import ATTENTIONS, SELECTORS, build_attention, build_selector
 from models.attention.base import Attention
 
 
@@ -61,9 +64,6 @@ def check_solves(solves: list[str]) -> list[str]:
 
 def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Method]:
     """Selector group (every registered selector, or the configured list) and attention group."""
-    from lra_bench.bench.variants import attn_params, default_selector, selector_params
-    from lra_bench.registry import ATTENTIONS, SELECTORS
-
     out: list[Method] = []
     op = str(settings["operator"])
     op_params = {**attn_params(op, context), **dict(settings.get("operator_params") or {})}
@@ -94,8 +94,6 @@ def _with_seed(params: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def build(method: Method, n: int, d: int, m: int | None, seed: int) -> Attention:
-    from lra_bench.registry import build_attention, build_selector
-
     params = _with_seed(method.attn_params, seed)
     if method.m_key is not None and m is not None:
         params[method.m_key] = m
@@ -182,8 +180,6 @@ def evaluate(
     The floor is taken at the *effective* rank budget — the landmarks the method really used (valid cluster
     means, pivots before the stopping rule) — with the nominal m beside it. `worse_than_zero` marks an error
     ≥ 1: predicting Â = 0 would have done as well."""
-    from lra_bench.diagnostics.callback import effective_rank, rank_budget
-
     a, sigma, norm_a = exact
     n, d = inst.q.shape
     rows = []

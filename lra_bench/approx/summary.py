@@ -24,7 +24,7 @@ from typing import Any
 from lra_bench.bench.stats import mean_std
 from lra_bench.bench.stats import summarize as quartiles
 from lra_bench.diagnostics.metrics import FLOOR_FLAG
-from lra_bench.reports.numbers import ratio_text
+from lra_bench.kit.numbers import ratio_text
 
 METRICS = ("matrix_residual", "output_residual", "ey_floor")
 PRIMARY, SECONDARY, ORACLE = "stable", "training", "oracle"
@@ -54,7 +54,7 @@ def pooled_ratio(rows: list[dict[str, Any]]) -> tuple[float | None, int]:
 
 def ratio_limit(rows: list[dict[str, Any]]) -> float | None:
     """Σ‖A‖_F / Σ floor over the rows `pooled_ratio` keeps: the pooled ratio of predicting Â = 0, the largest
-    error / floor ratio that still says how far a selection is from the optimum (`reports.numbers.ratio_text`)."""
+    error / floor ratio that still says how far a selection is from the optimum (`kit.numbers.ratio_text`)."""
     kept = [r for r in rows if not floor_flagged(r) and r.get("ey_floor_abs")]
     den = sum(r["ey_floor_abs"] for r in kept)
     return sum(r["ey_floor_abs"] / r["ey_floor"] for r in kept) / den if kept and den > 0 else None

@@ -6,7 +6,7 @@ forward then backward of a fixed random upstream gradient into q, k, v and the m
 
 Per configuration and mode we report the median and interquartile range of the wall-clock times of
 `repeats` timed calls after `warmup` untimed ones (CUDA synchronised before and after each call), the peak
-memory the calls needed (see `lra_bench.bench.memory` for exactly what is measured), the FLOPs the method
+memory the calls needed (see `lra_bench.memory` for exactly what is measured), the FLOPs the method
 needs (`lra_bench.bench.costs`) and the achieved rate as a fraction of this machine's fp32 matmul rate,
 measured in the same run. Each configuration runs in its own process (a fork of a pre-imported server) so its
 memory is its own; a configuration whose estimated memory exceeds the budget is skipped with a note, and one

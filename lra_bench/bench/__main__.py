@@ -19,8 +19,15 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.digest import check_unchanged, remember_checked
-from lra_bench.config.plain import plain_dict
+from lra_bench.bench.machine import matmul_rate, memory_budget, resolve_device
+from lra_bench.bench.profile import auto_labels, profile_spec
+from lra_bench.bench.report import plot, render_markdown, summarize_bench
+from lra_bench.bench.sweep import SweepStopped, run_sweep, spec_for
+from lra_bench.bench.variants import build_variants
+from lra_bench.kit.plain import plain_dict
+from lra_bench.preflight.digest import check_unchanged, remember_checked
+from lra_bench.record.provenance import environment
+from lra_bench.record.results import write_atomic
 
 log = logging.getLogger("lra_bench.bench")
 
@@ -44,13 +51,6 @@ def command_line() -> str:
 
 
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    from lra_bench.bench.machine import matmul_rate, memory_budget, resolve_device
-    from lra_bench.bench.report import plot, render_markdown, summarize_bench
-    from lra_bench.bench.sweep import SweepStopped, run_sweep
-    from lra_bench.bench.variants import build_variants
-    from lra_bench.record.provenance import environment
-    from lra_bench.record.results import write_atomic
-
     output_dir.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     device = resolve_device(str(cfg.device))
@@ -117,9 +117,6 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
 def run_profiles(cfg: DictConfig, variants: list[Any], data: dict[str, Any], device: Any, threads: int) -> list[Any]:
     """torch.profiler tables for the configurations that miss a target (or `profile.labels`), plus `include`."""
-    from lra_bench.bench.profile import auto_labels, profile_spec
-    from lra_bench.bench.sweep import spec_for
-
     labels = list(cfg.profile.labels) if cfg.profile.labels not in (None, "auto") else []
     if cfg.profile.labels in (None, "auto"):
         labels = auto_labels(data["summary"], data["rows"], cfg.landmarks[0] if cfg.landmarks else None)
@@ -152,7 +149,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from lra_bench.bench.checks import check_bench
-    from lra_bench.config.preflight import preflight
+    from lra_bench.preflight.command_line import preflight
 
     remember_checked(preflight(sys.argv[1:], config_name="bench", check=check_bench))  # one line, exit 2 on bad input
     main()  # Hydra composes again and runs; the job first compares its config with the checked one

@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from lra_bench.bench import worker
 
 
 def profile_spec(spec: dict[str, Any], mode: str, steps: int = 2, top: int = 12) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile
-
     device = torch.device(spec["device"])
     dtype = getattr(torch, spec["dtype"])
     if spec.get("threads"):

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.bench.stats import loglog_slope
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
+from lra_bench.kit.figures import pyplot, save_figure
+from lra_bench.kit.markdown import table
 
 MODES = ("forward", "forward_backward")
 MODE_TITLE = {"forward": "forward (inference, no grad)", "forward_backward": "forward + backward (training)"}
@@ -453,10 +453,7 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
 def plot(rows: list[dict[str, Any]], out_dir: Path, slope_range: tuple[int, int]) -> list[str]:
     """time_<mode>.png and memory_<mode>.png: log-log against n, one panel per landmark count m (methods
     without m — full, references, … — drawn dashed in every panel); legend entries carry the fitted slope."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ok = _ok(rows)
     lo, hi = slope_range

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from lra_bench.reports.markdown import table
+from lra_bench.kit.markdown import table
 from lra_bench.runtime import prepare_process
 
 if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle threads sleep, freed memory stays
@@ -49,9 +49,16 @@ if __name__ == "__main__":  # as a run does, before torch loads libgomp: idle th
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
-from lra_bench.config.plain import plain_dict
+from lra_bench import runtime
+from lra_bench.bench.machine import matmul_yardstick, resolve_device
+from lra_bench.config.compose import compose_config
+from lra_bench.config.conformance import derive_run_keys
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record.provenance import cpu_fields, cpu_identity, cpu_name
+from lra_bench.registry import ATTENTIONS, selector_node
+from models.dropout import Dropout
 
 
 @dataclass
@@ -78,16 +85,13 @@ class StepTiming:
 
 def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> Any:
     """The run's config, settled as a run settles it (typed component values, derived stage keys)."""
-    from lra_bench.config.compose import compose_config
-    from lra_bench.record.conformance import derive_run_keys
-
     cfg = compose_config([f"task={task}", f"attn={attn}", f"protocol={protocol}", *extra])
     derive_run_keys(cfg)
     return cfg
 
 
 def faithful_network(cfg: Any) -> torch.nn.Module:
-    from lra_bench.registry import selector_node
+    # the run's code (Lightning) only when a network is built: `--help` and a bad argument stay at torch
     from lra_bench.run.build import build_network
 
     return build_network(
@@ -133,7 +137,6 @@ def count_cpu_sdpa() -> None:
     global _SDPA_CPU_REGISTERED
     if _SDPA_CPU_REGISTERED:
         return
-    from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
     aten = torch.ops.aten
 
@@ -166,8 +169,6 @@ def _network(cfg: Any, device: torch.device, dropout: str) -> torch.nn.Module:
     measure what `models.dropout` changed)."""
     model = faithful_network(cfg).to(device)
     if dropout == "native":
-        from models.dropout import Dropout
-
         for module in model.modules():
             if isinstance(module, Dropout):
                 module.forward = torch.nn.Dropout.forward.__get__(module)  # type: ignore[method-assign]
@@ -176,7 +177,7 @@ def _network(cfg: Any, device: torch.device, dropout: str) -> torch.nn.Module:
 
 def _optimizer(model: torch.nn.Module, cfg: Any) -> tuple[Any, Any]:
     """The protocol's AdamW and its learning-rate scheduler, as training builds them."""
-    from lra_bench.run.module import adamw_with_schedule
+    from lra_bench.run.module import adamw_with_schedule  # (Lightning: see `faithful_network`)
 
     optim = adamw_with_schedule(model.parameters(), dict(cfg.optim), int(cfg.trainer.max_steps))
     optimizer, schedule = optim["optimizer"], optim["lr_scheduler"]
@@ -219,8 +220,6 @@ def prepare(
 ) -> Setup:
     """The faithful training step of `attn` on `task` under `protocol`, built and stepped once (its FLOPs counted);
     see `time_protocol` for the arguments."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     cfg = protocol_config(task, attn, protocol, [*kernel_overrides(attn, kernel), *(extra or [])])  # extra wins
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
@@ -265,8 +264,6 @@ def time_side_by_side(
     paths of one network on a shared machine). Without a given `rate`, the yardstick matmul takes its turn in every
     round too, and the rows' limit is its median rate under the same load. Each row's load is the mean 1-minute load
     average over the whole timing."""
-    from lra_bench.bench.machine import matmul_yardstick
-
     device = setups[0].device
     yardstick = None if rate is not None else matmul_yardstick(device)
     load = os.getloadavg()[0]
@@ -349,8 +346,6 @@ def time_protocol(
 def kernel_overrides(attn: str, kernel: str | None) -> list[str]:
     """The overrides that run `attn` on the `kernel` path (`fused` or `eager`): the encoder's `model.kernels`, and
     `attn.kernel` where the attention has a compiled core of its own; none for None (the config's choices)."""
-    from lra_bench.registry import ATTENTIONS
-
     if kernel is None:
         return []
     own = "kernel" in {f.name for f in fields(ATTENTIONS.config(attn))}
@@ -424,8 +419,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--title", default=None, help="what the measurement is (the machine's state): for the doc")
     parser.add_argument("overrides", nargs="*", help="config overrides (any change makes the timing off-protocol)")
     args = parser.parse_args(argv)
-    from lra_bench import runtime
-    from lra_bench.bench.machine import resolve_device
 
     runtime.set_threads(args.threads)
     device = resolve_device(args.device)

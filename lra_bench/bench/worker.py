@@ -1,7 +1,7 @@
 """Measure one configuration (one attention variant at one n) in both modes; runs inside a fresh child process
 when the sweep isolates configurations, in the sweep's own process otherwise.
 
-Order of events, which defines what "peak memory" means (`lra_bench.bench.memory`):
+Order of events, which defines what "peak memory" means (`lra_bench.memory`):
 1. build the module and the inputs q, k, v `[B, H, n, d]` (and the upstream gradient), seeded;
 2. one untimed call at a small size (n ≤ 256) so library code, thread pools and JIT kernels are resident,
    and one training-mode forward at full size (`prime`: initialises stateful selectors such as GPA's codebook);
@@ -19,10 +19,12 @@ import traceback
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from lra_bench.bench.memory import PeakMemory, settle
 from lra_bench.bench.references import REFERENCES, SDPAReference, reference_dtype
 from lra_bench.bench.stats import summarize
+from lra_bench.memory import PeakMemory, settle
+from lra_bench.registry import build_attention, build_selector
 
 MODES = ("forward", "forward_backward")
 
@@ -31,7 +33,6 @@ def build_module(spec: dict[str, Any], n: int) -> torch.nn.Module:
     """The operator named by `spec` for sequence length `n` (references or a registry attention)."""
     if spec["kind"] == "reference":
         return SDPAReference(spec["attn"])
-    from lra_bench.registry import build_attention, build_selector
 
     selector = None
     if spec.get("selector"):
@@ -100,8 +101,6 @@ def prime(module: torch.nn.Module, tensors) -> None:
 
 def count_flops(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> int | None:
     """Matmul-type FLOPs PyTorch's FlopCounterMode sees in one call (fused CPU SDPA kernels are invisible to it)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     _set_mode(module, mode)
     with FlopCounterMode(display=False) as counter:
         _call(module, mode, q, k, v, mask, grad)

@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from rich.table import Table as RichTable
+
 from lra_bench.compare.pairing import Comparison, Efficiency, TaskComparison
 from lra_bench.compare.sides import Side
+from lra_bench.kit.markdown import table
+from lra_bench.kit.terminal import table_console
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
-from lra_bench.reports.markdown import table
 from lra_bench.stats.paired import MCNEMAR, SIGN_FLIP, T_TEST, WELCH, PairedResult
 from lra_bench.stats.speed import MIN_TIMED_STEPS, TOO_FEW, UNMEASURED, SpeedRatio
 from lra_bench.stats.verdict import METHOD_SEEDS, significant, verdict
@@ -301,10 +304,6 @@ def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
 
 def print_report(comparison: Comparison, alpha: float = 0.05, console: Any = None) -> None:
     """The report for a terminal: the same text, the main table drawn by rich (markdown's pipes are hard to read)."""
-    from rich.table import Table as RichTable
-
-    from lra_bench.reports.terminal import table_console
-
     console = console or table_console(highlight=False)
     before, main, after = report_parts(comparison, alpha)
     console.print("\n".join(before).rstrip(), markup=False)

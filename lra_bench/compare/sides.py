@@ -4,7 +4,7 @@ A side is one experiment per task — the same identity for every seed — so it
 may differ only in the method (`attn.*`, `selector.*`) and the seed; anything else (lr, steps, data, protocol) would
 make the difference partly about that, and is refused with the keys named. Measurement settings
 (`lra_bench.record.identity.MEASUREMENT`: `diagnostics.*`) never change a weight or a prediction, so they may
-differ anywhere — the same rule as the protocol check's (`lra_bench.record.conformance`). Two *tuned* sides
+differ anywhere — the same rule as the protocol check's (`lra_bench.config.conformance`). Two *tuned* sides
 (`tuning=tuned`) may also differ in the values their searches chose, provided the searches had the same budget and
 space — that is the point of fair tuning; a tuned side against an untuned one is refused (pass `--allow-differ` to
 accept it knowingly, and the report marks which side was tuned). Whether a side kept its protocol's values is what its

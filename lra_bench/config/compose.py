@@ -1,7 +1,7 @@
 """The config tree composed through Hydra's own compose API — the one way any app of the harness gets a config.
 
 The pre-flight of `run.py` and the bench composes here what their `@hydra.main` will compose (and the job checks
-that it did: `lra_bench.config.digest`); everything else that needs "what a run would get" (the data preparer, the
+that it did: `lra_bench.preflight.digest`); everything else that needs "what a run would get" (the data preparer, the
 benchmark's operator defaults, the approximation study's model, evaluation of a checkpoint) calls
 `compose_config(overrides)` on the same `conf/` tree, so no app re-reads YAML files by hand.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from lra_bench.config.setup import setup
@@ -27,9 +29,6 @@ def compose_config(
     Inside a running Hydra app (GlobalHydra initialised on this same tree) the app's search path is reused;
     otherwise the tree is initialised for this call only.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     setup()
     if GlobalHydra.instance().is_initialized():
         return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)

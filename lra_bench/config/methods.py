@@ -10,9 +10,9 @@ sweep's parameters (it imports the attentions, hence torch): `--help` and `--cfg
 
 from __future__ import annotations
 
+from lra_bench.registry import ATTENTIONS
+
 
 def leaderboard_attentions() -> str:
     """The swept `attn` values, comma-separated in the registry's (sorted) order: a `hydra.sweeper.params` value."""
-    from lra_bench.registry import ATTENTIONS
-
     return ",".join(ATTENTIONS.names())

@@ -5,9 +5,14 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+import warnings
 
 from omegaconf import OmegaConf
+
+from lra_bench.config.methods import leaderboard_attentions  # light: the registry finds its components when resolved
+from lra_bench.config.tuned import tuned_value
 
 _DONE = False
 
@@ -96,9 +101,6 @@ def quiet_third_party_warnings() -> None:
     """Silence library chatter that says nothing about the run (deprecations inside Lightning, the srun hint
     printed on any machine with SLURM installed, Lightning's marketing tips, the seven "setup plugin alembic.…"
     lines that alembic logs when Hydra loads the Optuna sweeper). Before Hydra starts: it imports the plugins."""
-    import logging
-    import warnings
-
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system.*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
@@ -113,11 +115,7 @@ def setup() -> None:
     if _DONE:
         return
     OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)
-    from lra_bench.sweep.tuning import tuned_value  # light: omegaconf and hydra only
-
     OmegaConf.register_new_resolver("tuned", tuned_value, replace=True)
     OmegaConf.register_new_resolver("slurm_gpus", slurm_gpus, replace=True)
-    from lra_bench.config.methods import leaderboard_attentions  # light: the registry loads when resolved
-
     OmegaConf.register_new_resolver("leaderboard_attentions", leaderboard_attentions, replace=True)
     _DONE = True

@@ -17,10 +17,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.errors import ConfigError, IncompatibleCombination
+from lra_bench.record.checkpoint_file import require_usable
 from lra_bench.registry import ATTENTIONS, AXES, SELECTORS, UnknownComponent
 
 SCHEDULES = ("linear", "cosine", "constant", "rsqrt", "onecycle")
@@ -311,8 +313,6 @@ def check_ckpt_path(cfg: DictConfig) -> None:
     value = cfg.get("ckpt_path")
     if value in RESUME_CHOICES:
         return
-    from lra_bench.run.checkpoints import require_usable
-
     path = Path(str(value)).expanduser()
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value}: no such file; use 'last', null, or an existing .ckpt")
@@ -333,10 +333,13 @@ def check_writable(output_dir: str | Path, key: str = "output dir") -> None:
         ) from None
 
 
+#: the name of the link to the newest run of a task and attention (`lra_bench.run.rundir.point_latest` makes it), here
+#: with the check that keeps every run out of it
+LINK = "latest"
+
+
 def check_run_name(cfg: DictConfig) -> None:
     """`run_name=latest` would land in the link to the newest run (`lra_bench.run.rundir`), i.e. in another run."""
-    from lra_bench.run.rundir import LINK
-
     if str(cfg.get("run_name")) == LINK:
         raise ConfigError(
             f"run_name={LINK}: that name is the link to the newest run of a task and attention; choose another name"
@@ -373,8 +376,6 @@ def callback_nodes(cfg: DictConfig) -> dict[str, DictConfig]:
 
 def check_callback_targets(cfg: DictConfig) -> None:
     """Each `callbacks.<name>._target_` imports (built later, in `lra_bench.run.build`)."""
-    from hydra.utils import get_object
-
     # get_object logs a failed lookup at ERROR (three lines) before it re-raises; the ConfigError below is the one
     # line the user sees, so Hydra's logger is muted for the lookup.
     hydra_log = logging.getLogger("hydra.utils")

@@ -31,10 +31,10 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 
-from lra_bench.config.plain import plain_dict
 from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.diagnostics.metrics import head_metrics, summary_metrics
-from lra_bench.run.terminal import say
+from lra_bench.kit.plain import plain_dict
+from lra_bench.kit.say import say
 from models.attention.base import Attention
 from models.encoder import MultiHeadAttention
 

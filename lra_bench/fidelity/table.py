@@ -10,6 +10,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from lra_bench.config.compose import compose_config
+from lra_bench.kit.plain import plain_dict
+from lra_bench.record.identity import flatten
+
 HERE = Path(__file__).resolve().parent
 #: the protocols that have a fidelity table, in the order the page shows them
 PROTOCOLS: tuple[str, ...] = ("nystromformer", "skyformer")
@@ -57,10 +61,6 @@ def header(protocol: str) -> dict[str, Any]:
 
 @cache
 def _composed(protocol: str, task: str, attn: str) -> dict[str, Any]:
-    from lra_bench.config.compose import compose_config
-    from lra_bench.config.plain import plain_dict
-    from lra_bench.record.identity import flatten
-
     cfg = compose_config([f"protocol={protocol}", f"task={task}", f"attn={attn}", "~local"])
     return flatten(plain_dict(cfg))
 

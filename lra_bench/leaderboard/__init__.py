@@ -17,7 +17,7 @@ __all__ = ["build_leaderboard", "log_to_wandb"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from lra_bench.leaderboard import build
+        from lra_bench.leaderboard import build  # pandas and matplotlib only when asked: see above
 
         return getattr(build, name)
     raise AttributeError(f"module 'lra_bench.leaderboard' has no attribute {name!r}")

@@ -18,12 +18,12 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from lra_bench.kit.terminal import table_console
 from lra_bench.leaderboard import aggregate as data
 from lra_bench.leaderboard import locality, pareto, reproduced, terminal, uncertainty, wandb_log
 from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
 from lra_bench.leaderboard.wandb_log import log_to_wandb
-from lra_bench.reports.terminal import table_console
 
 #: where `python -m lra_bench.leaderboard` writes without `--out` (relative to the current directory, as `outputs/`)
 DEFAULT_OUT = Path("outputs") / "leaderboard"

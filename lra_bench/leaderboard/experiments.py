@@ -7,7 +7,7 @@
   `LABEL_KEYS` keys; a longer one ends in a legend tag (`⟨v-1a2b3c⟩`) whose full list of keys is `variant_full`,
   because two experiments that agree on the first keys shown would otherwise share a label and one of them would
   vanish from every table keyed by it. The tag hashes the full list, so the same variant on two tasks keeps one tag.
-* Conformance (`lra_bench.record.conformance`): `on` (checked, no protocol value changed), `off` (the record lists
+* Conformance (`lra_bench.config.conformance`): `on` (checked, no protocol value changed), `off` (the record lists
   the changed keys in `deviations`) or `unchecked` (a record from before the check, or one that failed before it).
   Only `on` rows are shown beside the published numbers.
 * `superseded` only within one fingerprint and seed: the newest completed run wins.

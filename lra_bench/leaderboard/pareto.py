@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lra_bench.kit.figures import agg_figure, save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.aggregate import method_label
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.leaderboard.uncertainty import ERROR_BARS
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -194,12 +194,9 @@ def plot(chart: Chart, path: Path) -> Path:
 def chart_figure(chart: Chart) -> Figure:
     """Bubble chart with the frontier as a step line (matplotlib Agg, no global pyplot state); its error bars are
     the leaderboard's intervals (`uncertainty.ERROR_BARS`), as the per-task plots' are."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # matplotlib only when drawing (kit.figures)
 
-    fig = Figure(figsize=(10, 5.5), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = agg_figure(figsize=(10, 5.5), layout="constrained")
     ax = fig.subplots()
     biggest = max(p.memory for p in chart.points)
     points = sorted(chart.points, key=lambda p: (p.speed, p.accuracy))

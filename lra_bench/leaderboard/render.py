@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lra_bench.diagnostics import LOCALITY_WINDOWS
+from lra_bench.kit.figures import agg_figure, save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
 from lra_bench.leaderboard.published import TASK_LABELS, TASKS
 from lra_bench.leaderboard.reproduced import MARGIN_PP
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -364,11 +364,7 @@ def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
 def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:
     """One point per group; the error bars are the leaderboard's 95% intervals (`uncertainty`), the same as the
     Pareto charts', and the title says so; the legend sits beside the axes, so it hides no point."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = agg_figure(figsize=(13, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
     panels = (("peak_memory_mib", "peak memory (MiB)"), ("step_time_median_ms", "median step time (ms)"))
     for ax, (key, xlabel) in zip(axes, panels):

@@ -27,7 +27,11 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
+from lra_bench.kit.terminal import table_console
+from lra_bench.leaderboard.wandb_log import log_to_wandb
+from lra_bench.record import results
+from lra_bench.record.builder import new_record
 
 
 def _rank() -> int:
@@ -56,7 +60,6 @@ class LeaderboardCallback(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if job_return.status != JobStatus.FAILED or _rank() != 0:
             return
-        from lra_bench.record import results
 
         output_dir = Path(str(config.hydra.runtime.output_dir))
         path = output_dir / results.FILENAME
@@ -69,8 +72,6 @@ class LeaderboardCallback(Callback):
         if record is not None and record.get("status") != "running":
             return  # train() recorded its own end
         if record is None:  # the same builder as the run's own records: one method, one leaderboard row
-            from lra_bench.record.builder import new_record
-
             record = new_record(config, output_dir).to_dict()
         record["status"], record["error"] = "failed", message
         record["run"]["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -98,8 +99,8 @@ class LeaderboardCallback(Callback):
         if not self._sweep_dir or not Path(self._sweep_dir).is_dir():
             return None
         try:
+            # the table's code (pandas, matplotlib) only when a sweep ends: this module loads in every job's process
             from lra_bench.leaderboard import build_leaderboard, terminal
-            from lra_bench.reports.terminal import table_console
 
             table = build_leaderboard([self._sweep_dir], out_dir=self._sweep_dir, plots=self.plots)
             terminal.print_summary(
@@ -122,6 +123,5 @@ class LeaderboardCallback(Callback):
         mode = os.environ.get("WANDB_MODE", w.get("mode") or "disabled")
         if not w.get("enabled") or mode not in ("online", "offline"):
             return
-        from lra_bench.leaderboard import log_to_wandb
 
         log_to_wandb(table, mode=mode, project=w.get("project"), entity=w.get("entity"), group=w.get("group"))

@@ -64,7 +64,7 @@ def log_to_wandb(
 ) -> Path | None:
     """Start a W&B run, log `table` (what `build_leaderboard` returned) and finish. Returns the run's local dir,
     or None when disabled or when W&B failed (the reason on stderr; the leaderboard files are written anyway)."""
-    from lra_bench.leaderboard import pareto, render
+    from lra_bench.leaderboard import pareto, render  # pandas: only when logging (the sweep callback imports this)
 
     mode = resolve_mode(mode)
     if mode == "disabled":
@@ -72,7 +72,7 @@ def log_to_wandb(
     defaults = table.get("wandb") or {}
     out = Path(directory) if directory is not None else Path(table["markdown"]).parent
     try:
-        import wandb
+        import wandb  # only when a run is logged: W&B is slow to import, and optional
 
         run = wandb.init(
             project=project or defaults.get("project") or DEFAULT_PROJECT,

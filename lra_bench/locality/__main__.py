@@ -15,13 +15,9 @@ from typing import Any
 
 from lra_bench.locality import report, runs
 from lra_bench.locality.settings import Settings, SettingsError, parse, shown
+from lra_bench.record.provenance import environment
 from lra_bench.record.results import write_atomic
-
-
-def uptime() -> str:
-    from lra_bench.reports.spt_study import uptime as shared
-
-    return shared()
+from lra_bench.runtime import uptime
 
 
 def public_command(argv: list[str]) -> str:
@@ -30,8 +26,6 @@ def public_command(argv: list[str]) -> str:
 
 
 def study(settings: Settings, argv: list[str]) -> dict[str, Any]:
-    from lra_bench.record.provenance import environment
-
     settings.out.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {
         "schema_version": 1,

@@ -16,8 +16,8 @@ from typing import Any
 
 from scipy import stats
 
-from lra_bench.reports.figures import save_figure
-from lra_bench.reports.markdown import table
+from lra_bench.kit.figures import agg_figure, save_figure
+from lra_bench.kit.markdown import table
 from lra_bench.stats.summary import t_interval
 
 PLOT = "locality.png"
@@ -184,16 +184,12 @@ def reading(study: dict[str, Any]) -> list[str]:
 def plot(study: dict[str, Any], out_dir: Path) -> str | None:
     """Test accuracy against window (log scale) with each method's accuracy as a horizontal line (band: its interval),
     and the expected attention distance against window beside it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     summary = study["summary"]
     windows = [e for e in summary if e["window"] is not None and e["test_mean"] is not None]
     methods = [e for e in summary if e["window"] is None and e["test_mean"] is not None]
     if not windows:
         return None
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = agg_figure(figsize=(11, 4.2), layout="constrained")
     acc, reach = fig.subplots(1, 2)
     xs = [e["window"] for e in windows]
 

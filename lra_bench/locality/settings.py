@@ -17,6 +17,8 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lra_bench.registry import ATTENTIONS
+
 #: the study's own keys and their defaults (each written here once)
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_METHODS = ("full", "gpa")
@@ -62,8 +64,6 @@ def _integers(key: str, value: Any, low: int) -> tuple[int, ...]:
 
 
 def _methods(value: Any) -> tuple[str, ...]:
-    from lra_bench.registry import ATTENTIONS
-
     items = value if isinstance(value, list) else [value]
     valid = [name for name in ATTENTIONS.names() if name != "local"]
     bad = [m for m in items if m not in valid]

@@ -17,8 +17,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
+from lra_bench.record.provenance import code_version, environment
 from lra_bench.record.schema import RunInfo, RunRecord
+from lra_bench.registry import ATTENTIONS, attention_factory, selector_node
 
 
 def now() -> str:
@@ -56,8 +58,6 @@ def rank_budget(cfg: DictConfig) -> int | None:
     `lra_bench.registry.attention_factory`, the model's own path, and asked (`Attention.rank_budget`). None for
     an attention without a rank knob (exact attention), or when the config cannot build one (a failed job's
     record: then the knob's value if it is already an int)."""
-    from lra_bench.registry import ATTENTIONS
-
     try:
         knob = ATTENTIONS.get(str(select(cfg, "attn.name"))).rank_knob
     except Exception:  # an unknown attention (a failed job's record)
@@ -65,8 +65,7 @@ def rank_budget(cfg: DictConfig) -> int | None:
     if knob is None:
         return None
     try:
-        from lra_bench.registry import attention_factory, selector_node
-        from models.encoder import Encoder
+        from models.encoder import Encoder  # the model code (torch) only when asked: see the module docstring
 
         model = plain_dict(cfg.model)
         total = Encoder.total_length(int(cfg.task.seq_len), str(model["pooling"]))
@@ -106,8 +105,6 @@ def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> R
         ),
     )
     if with_env:
-        from lra_bench.record.provenance import code_version, environment
-
         record.code = code_version()
         record.env = environment()
     return record

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from lra_bench.kit.figures import agg_figure
 from lra_bench.record.reader import typed
 from tasks.files import atomic_path
 
@@ -69,11 +70,7 @@ def write_curves(run_dir: Path, record: dict[str, Any]) -> Path | None:
     loss, acc = _series(metrics, TRAIN_LOSS), _series(metrics, VAL_ACC)
     if loss.empty and acc.empty:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 3.8), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = agg_figure(figsize=(10, 3.8), layout="constrained")
     left, right = fig.subplots(1, 2)
     left.plot(loss["step"], loss[TRAIN_LOSS], color="C0", lw=1.2)
     if loss.empty:

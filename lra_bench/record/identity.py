@@ -53,7 +53,7 @@ LOGISTICS: tuple[str, ...] = (
 #: model (`diagnostics.*` run on a probe with no gradients and the RNG restored; see `lra_bench.diagnostics.callback`).
 #: They stay in the identity (they change what the record's `diagnostics` hold), but runs that differ only here are
 #: one experiment for every result a comparison or a leaderboard row reports (`result_view`), as they are for the
-#: protocol check (`lra_bench.record.conformance.METHOD_AND_MEASUREMENT`).
+#: protocol check (`lra_bench.config.conformance.METHOD_AND_MEASUREMENT`).
 MEASUREMENT: tuple[str, ...] = ("diagnostics",)
 
 #: the data's identity, which the config does not hold: the resolved source and the preprocessing cache key
@@ -75,7 +75,7 @@ ARCHITECTURE: tuple[str, ...] = (
 #: keys under `ARCHITECTURE` that choose how a component computes, not what its weights mean: they stay in the
 #: identity (they move results at fp32 rounding, and `model.kernels` draws its dropout masks from another stream),
 #: but a checkpoint trained with one value loads under the other, and a run may choose either and stay on its
-#: protocol (`lra_bench.record.conformance`); each training segment records the values it ran with (`run.segments`)
+#: protocol (`lra_bench.config.conformance`); each training segment records the values it ran with (`run.segments`)
 KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel", "model.kernels")
 
 #: the value of a kernel choice that every run made before the choice existed computed with. An identity leaves the

@@ -1,4 +1,8 @@
-"""Where a result came from: git commit, package versions, hardware. Never reads secrets."""
+"""Where a result came from: git commit, package versions, hardware. Never reads secrets.
+
+Light at import (torch only inside `hardware`): the record builder, the sweep callback and the study commands
+import it before, or without, a run.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,6 @@ import platform
 import subprocess
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from lra_bench import runtime
 
@@ -90,6 +92,8 @@ def hardware() -> dict[str, Any]:
     """The machine a run's timings belong to. Two records compare their step times only when these are equal
     (`compare`), so it holds what changes speed: the CPU's identity and the vector instructions torch's kernels
     use (`cpu_capability`: AVX512, AVX2, …; machines sold under one name differ in it)."""
+    import torch  # only when the hardware is read (see the module docstring)
+
     fields = cpu_fields()
     info: dict[str, Any] = {
         "cpu": cpu_name(fields),

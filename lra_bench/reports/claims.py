@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lra_bench.approx.report import CLAIM_TITLES
-from lra_bench.reports.numbers import ratio_text
+from lra_bench.kit.numbers import ratio_text
 
 
 def share_verdict(hits: int, total: int) -> str:

@@ -5,7 +5,7 @@
 Every number in the document is read from `bench.json` / `approx.json` and formatted by code; the verdicts are
 computed. Rerun instead of editing. The page is what a person reads in five minutes (at most PAGE_LINES lines):
 each target and claim one line with its verdict and the figure that decides it (`standing`, `claims`), every
-ratio printed by the one rule of `numbers.ratio_text`. The full tables go beside it, not into it (`TABLES_DIR`):
+ratio printed by the one rule of `kit.numbers.ratio_text`. The full tables go beside it, not into it (`TABLES_DIR`):
 each app's own markdown (bench.md, approx.md: every table, for reading), every timed configuration and every
 approximation evaluation as CSV, both inputs as JSON (summaries recomputed), and the plots in `img/`.
 """
@@ -18,6 +18,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lra_bench.approx.report import render_markdown as approx_markdown
+from lra_bench.bench.report import render_markdown as bench_markdown
+from lra_bench.bench.report import summarize_bench
 from lra_bench.reports.claims import claim_lines
 from lra_bench.reports.sections import (
     KEPT_SECTIONS,
@@ -98,7 +101,7 @@ FULL_MARKDOWN = {"bench": "bench.md", "approx": "approx.md"}
 
 def write_tables(bench: dict[str, Any] | None, approx: dict[str, Any] | None, folder: Path) -> list[str]:
     """Every row of the two inputs as CSV and the inputs themselves as JSON in `folder`; returns the file names."""
-    import pandas as pd
+    import pandas as pd  # only when tables are written: `--help` and a bad argument stay fast
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -113,9 +116,6 @@ def write_tables(bench: dict[str, Any] | None, approx: dict[str, Any] | None, fo
 
 def write_full_markdown(bench: dict[str, Any] | None, approx: dict[str, Any] | None, folder: Path, img: str) -> None:
     """bench.md and approx.md in `folder`: every table of each run for reading (the apps' own renderers)."""
-    from lra_bench.approx.report import render_markdown as approx_markdown
-    from lra_bench.bench.report import render_markdown as bench_markdown
-
     for kind, data, render_full in (("bench", bench, bench_markdown), ("approx", approx, approx_markdown)):
         if data:
             (folder / FULL_MARKDOWN[kind]).write_text(render_full(data, h="#", img_dir=img))
@@ -196,11 +196,9 @@ def refresh(kind: str, data: dict[str, Any]) -> dict[str, Any]:
     """Recompute the summaries (verdicts included) from the stored rows with the current code, so the document
     never mixes numbers from one version with verdict logic from another."""
     if kind == "bench":
-        from lra_bench.bench.report import summarize_bench
-
         data["summary"] = summarize_bench(data["rows"], data["settings"])
     else:
-        from lra_bench.approx.summary import summarize
+        from lra_bench.approx.summary import summarize  # torch (its metrics): only for an approx run
 
         data["summary"] = summarize(data["rows"], data["inputs"], data["settings"]["claims"])
     return data

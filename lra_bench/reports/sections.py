@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lra_bench.reports.spt_study import render_markdown as spt_markdown
+
 #: sections rendered from their own inputs, kept by a full render: the self-pretraining studies, the training step,
 #: the locality studies
 KEPT_SECTIONS = ("spt_study", "train_step", "locality")
@@ -40,8 +42,6 @@ def with_section(text: str, name: str, body: str) -> str:
 
 
 def spt_body(studies: list[dict[str, Any]]) -> str:
-    from lra_bench.reports.spt_study import render_markdown as spt_markdown
-
     body = "\n".join(spt_markdown(study, h="##") for study in studies)
     note = (
         "> Rendered from each study's `spt_study.json` by "
@@ -53,7 +53,7 @@ def spt_body(studies: list[dict[str, Any]]) -> str:
 def locality_body(folders: list[Path], img_dir: Path) -> str:
     """The locality studies' pages (`python -m lra_bench.locality`), their plots copied beside the document under
     a name per study folder."""
-    from lra_bench.locality.report import render_markdown as locality_markdown
+    from lra_bench.locality.report import render_markdown as locality_markdown  # scipy: slow, only when asked
 
     parts = []
     for folder in folders:
@@ -78,7 +78,7 @@ def step_body(runs: list[dict[str, Any]], tables: str | None = None) -> str:
     """The training step of `python -m lra_bench.bench.step --json FILE` runs: the first (newest) run's table
     with its conditions, each other run one line (its step / limit per attention); `tables`, the folder the
     CSV of every row went to, is linked."""
-    from lra_bench.bench.step import StepTiming, markdown
+    from lra_bench.bench.step import StepTiming, markdown  # torch and Lightning: only for a step section
 
     lines = [
         "## The faithful training step against the matmul limit",
@@ -108,7 +108,7 @@ def step_body(runs: list[dict[str, Any]], tables: str | None = None) -> str:
 
 def write_step_csv(runs: list[dict[str, Any]], path: Path) -> None:
     """Every row of every step measurement as CSV, with its run's title and command."""
-    import pandas as pd
+    import pandas as pd  # only when the CSV is written: `results_doc --help` stays fast
 
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"title": run["title"], "command": run["command"], **row} for run in runs for row in run["rows"]]

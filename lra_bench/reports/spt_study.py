@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lra_bench.kit.markdown import table
 from lra_bench.record.provenance import environment
 from lra_bench.record.reader import lookup, read
-from lra_bench.reports.markdown import table
+from lra_bench.runtime import uptime
 
 REPO = Path(__file__).resolve().parents[1]
 #: the small ListOps of the study (few labels; everything else is the harness's normal path)
@@ -56,13 +57,6 @@ TASK = [
     "print_config=false",
 ]
 ATTN_ARGS = {"nystrom": ["attn.num_landmarks=16"]}  # 16 landmarks for 128 tokens: a real approximation
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return f"load average {os.getloadavg()}"
 
 
 def task_args(train_examples: int) -> list[str]:

@@ -12,8 +12,8 @@ import math
 import re
 from typing import Any
 
-from lra_bench.reports.markdown import table
-from lra_bench.reports.numbers import ratio_text
+from lra_bench.kit.markdown import table
+from lra_bench.kit.numbers import ratio_text
 
 CATEGORIES = (
     ("depthwise conv skip", re.compile(r"conv")),

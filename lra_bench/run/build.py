@@ -33,13 +33,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 
-from lra_bench.config.plain import plain_dict
-from lra_bench.config.validate import callback_nodes
+from lra_bench.config.pretrained_run import PretrainedSource
+from lra_bench.config.validate import callback_nodes, validate
 from lra_bench.errors import ConfigError
+from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import TASKS, attention_factory, selector_node
 from lra_bench.run import pretrain
 from lra_bench.run.module import LRAModule
-from lra_bench.run.pretrained import PretrainedSource, load_encoder
+from lra_bench.run.pretrained import load_encoder
 from models.build import build_classifier
 from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import extra_tokens
@@ -136,8 +137,6 @@ def build_model(cfg: DictConfig, dm: Any) -> TaskNetwork | LanguageModel:
 def check_run_config(cfg: DictConfig) -> None:
     """Everything a run checks before it builds anything, for the pre-flight of `run.py` and of every sweep job:
     the config (`lra_bench.config.validate.validate`) and the task's own options (its constructor, no I/O)."""
-    from lra_bench.config.validate import validate
-
     validate(cfg)
     build_datamodule(cfg)
 

@@ -13,11 +13,13 @@ How every checkpoint of a run is written and read: Lightning's `TorchCheckpointI
   (`tasks.files.unique_tmp`), renamed into place; on any failure it is removed and the target keeps its
   previous content. The whole checkpoint also never has to fit into `$TMPDIR`.
 * **A resume reads its file once.** The run validates the checkpoint it resumes from by loading it (weights-only,
-  `read_checkpoint`) and checks its identity on that same dict; `preload` hands the
+  `lra_bench.record.checkpoint_file.read_checkpoint`) and checks its identity on that same dict; `preload` hands the
   dict to Lightning's `trainer.fit(ckpt_path=…)`, which would otherwise read the file again. The hand-over is
   one-shot and keyed by the resolved path, so any other load (the best checkpoint for the test) reads its file.
 
-Only global rank 0 saves (Lightning's strategy calls `save_checkpoint` on rank 0 only).
+Only global rank 0 saves (Lightning's strategy calls `save_checkpoint` on rank 0 only). Reading a checkpoint (the one
+load, whether a file is usable, its metadata) is `lra_bench.record.checkpoint_file`'s, below the run: the pre-flight
+and the config checks read checkpoints too.
 
 Checkpoints for long, preemptible runs: what is saved when, how a resume picks its file, and who requeues.
 
@@ -84,7 +86,6 @@ import random
 import re
 import signal
 import sys
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +100,11 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 from lra_bench.errors import ConfigError
+from lra_bench.kit.say import say
 from lra_bench.record.builder import now
+from lra_bench.record.checkpoint_file import LAST, META_FORMAT, META_KEY, PREV, load, meta_of, read_checkpoint
 from lra_bench.record.identity import architecture, describe, differing_keys, kernel_choices
 from lra_bench.record.provenance import code_label
-from lra_bench.run.terminal import say
 from tasks.files import make_readable, unique_tmp
 
 # --- checkpoint io -------------------------------------------------------------------------------------------------
@@ -147,67 +149,8 @@ class RunCheckpointIO(TorchCheckpointIO):
 
 # --- checkpointing -------------------------------------------------------------------------------------------------
 
-CHECKPOINT_DIR = "checkpoints"  # `<run dir>/checkpoints/`: every checkpoint a run writes
-LAST = "last.ckpt"
-PREV = "last-prev.ckpt"
-REQUIRED_KEYS = ("state_dict", "global_step", "loops", "optimizer_states")
-
 
 # -- choosing the checkpoint to resume from ----------------------------------------------------------------------
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint the way every resume/test in this harness does: on CPU, `weights_only=True`."""
-    return torch.load(str(path), map_location="cpu", weights_only=True)
-
-
-def best_checkpoint_of(last: Path) -> str | None:
-    """The best-val checkpoint file name `last` refers to (its ModelCheckpoint state), if any."""
-    state = load_checkpoint(last)
-    for key, value in (state.get("callbacks") or {}).items():
-        if "BestCheckpoint" in str(key) or "ModelCheckpoint" in str(key):
-            path = value.get("best_model_path") if isinstance(value, dict) else None
-            if path:
-                return Path(path).name
-    return None
-
-
-def read_checkpoint(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
-    """`(checkpoint, None)` when `path` can be resumed or tested from, else `(None, why not)`: unreadable, not
-    weights-only, or incomplete. One load; the caller keeps the checkpoint instead of reading the file again."""
-    if Path(path).is_file() and not zipfile.is_zipfile(path):  # torch.save's format (Lightning's) is a zip archive
-        return None, "not a torch.save zip archive: truncated, or not a checkpoint"
-    try:
-        ckpt = load_checkpoint(path)
-    except Exception as err:  # truncated zip, pickle error, unsafe global, I/O error: all mean "do not use"
-        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-    if not isinstance(ckpt, dict):
-        return None, f"not a Lightning checkpoint (a {type(ckpt).__name__})"
-    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
-    return (None, f"incomplete (missing {missing})") if missing else (ckpt, None)
-
-
-def checkpoint_problem(path: Path) -> str | None:
-    """Why `path` cannot be resumed from (None when it can)."""
-    return read_checkpoint(path)[1]
-
-
-def load_usable(path: str | Path, shown: object = None) -> dict[str, Any]:
-    """The checkpoint at `path`, or a one-line `ConfigError` when it cannot be resumed or tested from (`shown`: the
-    value as the user typed it, for the message). The one check behind an explicit `ckpt_path` (pre-flight) and
-    every later load."""
-    checkpoint, problem = read_checkpoint(Path(path))
-    if checkpoint is None:
-        raise ConfigError(
-            f"ckpt_path={path if shown is None else shown}: not a usable checkpoint ({problem}); use 'last', null, "
-            "or a checkpoint this harness wrote"
-        )
-    return checkpoint
-
-
-def require_usable(path: str | Path, shown: object = None) -> None:
-    """`load_usable` for a check only (the pre-flight of an explicit `ckpt_path`)."""
-    load_usable(path, shown)
-
-
 def _best_step(path: Path) -> int:
     match = re.search(r"(\d+)", path.stem)
     return int(match.group(1)) if match else -1
@@ -478,9 +421,6 @@ def log_resume(resume: Resume) -> None:
 
 # --- checkpoint identity -------------------------------------------------------------------------------------------
 
-META_KEY = "lra_bench"
-META_FORMAT = "lra-bench/checkpoint-meta/1"
-
 
 class IdentityStamp(pl.Callback):
     """Writes the run's identity into every checkpoint and keeps the list of training segments: each attempt's
@@ -523,17 +463,6 @@ class IdentityStamp(pl.Callback):
             "code": self.code,
             "segments": list(self.segments),
         }
-
-
-def load(path: str | Path) -> dict[str, Any]:
-    """The checkpoint at `path` (weights-only), or a one-line `ConfigError` saying why it cannot be used."""
-    require_usable(path)
-    return load_checkpoint(path)
-
-
-def meta_of(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    meta = checkpoint.get(META_KEY)
-    return meta if isinstance(meta, dict) and meta.get("format") == META_FORMAT else None
 
 
 def check_fits(

@@ -16,10 +16,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from lra_bench.config.plain import plain_dict
+from lra_bench import reproduction_runs
+from lra_bench.kit.plain import plain_dict
+from lra_bench.kit.terminal import table_console
 from lra_bench.record.curves import FILENAME as CURVES
+from lra_bench.record.identity import config_identity, seed_free
+from lra_bench.record.provenance import hardware
 from lra_bench.record.reader import typed
-from lra_bench.reports.terminal import table_console
+from lra_bench.reproduction_runs import REPO
 from lra_bench.run.terminal import to_log_only
 
 ORDER = ("task", "attn", "selector", "protocol", "model", "optim", "data", "trainer", "logger", "diagnostics")
@@ -74,18 +78,13 @@ def measured_here(record: dict[str, Any]) -> str | None:
     """How long this run takes on this machine, as measured: the median wall time of the committed reproductions
     of the same experiment (seed aside) that completed on this CPU (`lra_bench.reproduction_runs`); None when
     there is none, so a duration is never guessed. Says what it is from (runs, their threads, their folder)."""
-    from lra_bench.record.identity import config_identity, seed_free
-    from lra_bench.record.provenance import hardware
-    from lra_bench.reproduce import REPO
-    from lra_bench.reproduction_runs import completed_runs, machine_of
-
     here, experiment = hardware(), seed_free(config_identity(record["config"]))
-    runs = completed_runs(str(record["protocol"]), str(record["task"]), str(record["attn"]))
+    runs = reproduction_runs.completed_runs(str(record["protocol"]), str(record["task"]), str(record["attn"]))
     same = [
         r
         for r in runs
         if r.counted
-        and r.machine == machine_of(here)
+        and r.machine == reproduction_runs.machine_of(here)
         and r.typed.env_part("hardware").get("gpus") == here["gpus"]
         and seed_free(config_identity(r.record["config"])) == experiment
     ]
@@ -225,8 +224,6 @@ def resume_command(cfg: DictConfig, output_dir: Path) -> str:
     as `experiment=demo`'s; another `ckpt_path`) this job's overrides with `hydra.run.dir=` this folder, where the
     default `ckpt_path=last` resumes. The program is `run.py` as typed, or the repository's own where this process
     was not started as it (a SLURM job's is submitit's `_submit.py`)."""
-    from lra_bench.reproduce import REPO
-
     program = sys.argv[0] if Path(sys.argv[0]).name == "run.py" else str(REPO / "run.py")
     if not HydraConfig.initialized():
         return shlex.join(["python", program, *sys.argv[1:]])

@@ -26,9 +26,9 @@ from pytorch_lightning.plugins.environments import SLURMEnvironment, TorchElasti
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench import runtime
+from lra_bench.config import conformance
 from lra_bench.config.validate import check_writable, validate_once
 from lra_bench.errors import ConfigError
-from lra_bench.record import conformance
 from lra_bench.run import pretrain
 from lra_bench.run.evaluation import evaluate
 from lra_bench.run.rundir import RunDirLock

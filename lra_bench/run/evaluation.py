@@ -25,6 +25,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import new_record
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, meta_of
 from lra_bench.record.schema import RunRecord
 from lra_bench.run import checkpoints, rundir
 from lra_bench.run.build import (
@@ -35,9 +36,10 @@ from lra_bench.run.build import (
     slurm_plugins,
     trainer_kwargs,
 )
-from lra_bench.run.checkpoints import CHECKPOINT_DIR, check_fits, meta_of
+from lra_bench.run.checkpoints import check_fits
 from lra_bench.run.console import print_summary
 from lra_bench.run.recorder import Recorder, TestOutputs, run_test
+from lra_bench.run.terminal import quiet_terminal, tee_output
 from lra_bench.run.train import identify
 
 
@@ -61,6 +63,15 @@ def checkpoint_to_test(cfg: DictConfig, output_dir: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value}: no such file; train=false needs an existing .ckpt to test")
     return str(path.resolve())
+
+
+def evaluate_into(cfg: DictConfig, out: Path) -> None:
+    """`evaluate` into `out` as `python -m lra_bench.evaluate` runs it: the folder made, and the terminal teed to
+    `out/run.log` (rank 0) and quieted as `run.py`'s is, so the terminal shows what a person reads."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "run.log" if getattr(rank_zero_only, "rank", 0) == 0 else None
+    with tee_output(log), quiet_terminal():
+        evaluate(cfg, out)
 
 
 def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:

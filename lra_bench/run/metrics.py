@@ -65,7 +65,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench.bench.memory import CLEAR_REFS, settle, status_kib
+from lra_bench.memory import CLEAR_REFS, settle, status_kib
 from lra_bench.record.provenance import hardware
 
 # --- efficiency ----------------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# -- CPU memory (the probes of the attention benchmark, `lra_bench.bench.memory`) ------------------------------------
+# -- CPU memory (the probes of the attention benchmark, `lra_bench.memory`) --------------------------------------------
 def _status_mib(field: str) -> float | None:
     kib = status_kib(field)
     return None if kib is None else kib / 1024
@@ -307,7 +307,7 @@ def wandb_settings() -> dict[str, Any]:
     """Flush W&B's offline transaction log every second instead of every 15 s: a service killed by the job's
     SIGTERM (SLURM signals every process of a job) then loses at most its last second of rows, not 15 s of them.
     (Only for wandb versions that have the setting.)"""
-    import wandb
+    import wandb  # only for a run that logs to W&B: slow to import, and optional
 
     if "x_transaction_log_flush_interval" not in getattr(wandb.Settings, "model_fields", {}):
         return {}
@@ -350,7 +350,7 @@ def finish_wandb() -> None:
     outcome — and a requeued submitit job that returns, instead of exiting, leaves a stale result for the sweep.
     """
     try:
-        import wandb
+        import wandb  # (see `wandb_settings`)
 
         if wandb.run is not None:
             wandb.finish()

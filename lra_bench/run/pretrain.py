@@ -16,8 +16,8 @@ checkpoints, resume, record — with three differences, all decided in this modu
   the rounded prediction equals the pixel value) on a held-out slice of the training split. Its curve (training
   window means and validation values at every validation) is checkpointed, so a resumed run reports it whole.
 
-`resolve_stage` checks the stage keys for every run and derives `pretraining` (none | mlm | causal), the config key
-that keeps self-pretrained rows apart from scratch rows in every comparison.
+`lra_bench.config.stages.resolve_stage` checks the stage keys for every run and derives `pretraining` (none | mlm |
+causal), the config key that keeps self-pretrained rows apart from scratch rows in every comparison.
 
 `stage=spt` (`python run.py experiment=spt/<task>`): self-pretrain, then fine-tune, in one command.
 
@@ -51,84 +51,22 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.config.stages import check_pretrain_keys, resolve_stage
 from lra_bench.config.validate import validate_once
 from lra_bench.errors import ConfigError
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record import results
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
 from lra_bench.record.reader import read
-from lra_bench.registry import ATTENTIONS
 from lra_bench.run.module import adamw_with_schedule
-from lra_bench.run.pretrained import locate
 from models.attention.base import Attention
 from models.heads import LanguageModel, TaskNetwork
-from tasks.masking import IGNORE_INDEX, OBJECTIVES, PretrainingData
+from tasks.masking import IGNORE_INDEX, PretrainingData
 
 # --- pretrain ------------------------------------------------------------------------------------------------------
 
-STAGES = ("supervised", "pretrain", "spt")
-LOSSES = ("ce", "l1")
 CURVE_KEY = "spt_curve"  # where the curve lives in a checkpoint
 STAGE_KEY = "spt_stage"  # what a pretraining checkpoint says about itself
-
-
-# -- the stage keys ---------------------------------------------------------------------------------------------
-def check_pretrain_keys(cfg: DictConfig) -> None:
-    """`objective`, `spt.*` and causal support, for a run that pretrains (one ConfigError line on a mistake)."""
-    objective = str(cfg.objective)
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"objective={objective!r}: expected one of {', '.join(OBJECTIVES)}")
-    attn = str(cfg.attn.name)
-    if objective == "causal" and not ATTENTIONS.get(attn).supports_causal:
-        causal = [n for n in ATTENTIONS.names() if ATTENTIONS.get(n).supports_causal]
-        raise ConfigError(
-            f"objective=causal: attn={attn} has no causal form (every query would see later keys through its "
-            f"approximation); use objective=mlm, or one of {' '.join(f'attn={n}' for n in causal)}"
-        )
-    ratio = float(cfg.spt.mask_ratio)
-    if objective == "mlm" and not 0.0 < ratio <= 1.0:
-        raise ConfigError(f"mask_ratio={ratio}: must be in (0, 1] (the share of real tokens masked)")
-    if str(cfg.spt.loss) not in LOSSES:
-        raise ConfigError(f"loss={cfg.spt.loss!r}: expected one of {', '.join(LOSSES)}")
-    holdout = float(cfg.spt.holdout_fraction)
-    if not 0.0 < holdout < 1.0:
-        raise ConfigError(f"holdout_fraction={holdout}: must be in (0, 1) (the pretraining curve's share)")
-
-
-def resolve_stage(cfg: DictConfig) -> Any:
-    """Check the stage keys and fill the derived ones (`pretraining`, `pretraining_fingerprint`) in `cfg`.
-
-    Returns the `lra_bench.run.pretrained.PretrainedSource` a fine-tune starts from (None otherwise)."""
-    stage = str(cfg.get("stage", "supervised"))
-    if stage not in STAGES:
-        raise ConfigError(f"stage={stage!r}: expected one of {', '.join(STAGES)}")
-    source, fingerprint = None, None
-    if stage == "pretrain":
-        if cfg.get("pretrained"):
-            raise ConfigError(
-                f"pretrained={cfg.pretrained}: stage=pretrain starts from scratch; drop pretrained= (or use "
-                "stage=supervised to fine-tune from it)"
-            )
-        check_pretrain_keys(cfg)
-        derived = str(cfg.objective)
-    elif stage == "spt":
-        check_pretrain_keys(cfg)
-        derived = str(cfg.objective)
-    elif cfg.get("pretrained"):
-        source = locate(cfg)
-        derived, fingerprint = source.objective, source.family_fingerprint
-    else:
-        derived = "none"
-    given = cfg.get("pretraining")
-    if given not in (None, derived):
-        raise ConfigError(
-            f"pretraining={given}: this key is derived (here: {derived}); drop it — set stage=pretrain "
-            "objective=... to pretrain, or pretrained=<run dir> to fine-tune"
-        )
-    with open_dict(cfg):
-        cfg.pretraining = derived
-        cfg.pretraining_fingerprint = fingerprint
-    return source
 
 
 # -- data and network -------------------------------------------------------------------------------------------

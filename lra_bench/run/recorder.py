@@ -39,12 +39,12 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from lra_bench.kit.say import say
 from lra_bench.record import results
 from lra_bench.record.builder import now
 from lra_bench.record.predictions import FILENAME as PREDICTIONS_FILE
 from lra_bench.record.predictions import save_predictions
 from lra_bench.record.schema import RunRecord
-from lra_bench.run.terminal import say
 
 # --- test outputs --------------------------------------------------------------------------------------------------
 

@@ -33,7 +33,8 @@ Run folders are named by their overrides, so the one just started is not obvious
 points at it (`outputs/listops/gpa/latest/curves.png`, `ckpt_path=outputs/listops/gpa/latest/checkpoints/last.ckpt`).
 It is a relative symlink, replaced atomically (a new link renamed over the old one), made only for runs in the
 usual `<output_root>/<task>/<attn>/<name>` layout (not for sweep jobs, whose sweep dir already groups them), and
-`run_name=latest` is refused (`lra_bench.config.validate.check_run_name`) so no run can land in the link itself.
+`run_name=latest` is refused (`lra_bench.config.validate.check_run_name`, beside the name `LINK`) so no run can land
+in the link itself.
 
 A run that cannot start for want of data leaves no folder behind.
 
@@ -63,6 +64,7 @@ from typing import Any
 from filelock import Timeout, UnixFileLock
 from omegaconf import DictConfig
 
+from lra_bench.config.validate import LINK
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import now
@@ -248,8 +250,6 @@ def data_identity_of(dm: Any) -> dict[str, Any]:
 
 
 # --- latest --------------------------------------------------------------------------------------------------------
-
-LINK = "latest"
 
 
 def point_latest(cfg: DictConfig, output_dir: Path) -> Path | None:

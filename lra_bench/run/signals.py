@@ -43,8 +43,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerStatus
 
+from lra_bench.kit.say import say
 from lra_bench.run.checkpoints import find_resumable
-from lra_bench.run.terminal import say
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

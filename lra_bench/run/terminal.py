@@ -1,5 +1,5 @@
 """What a run shows and keeps: `run.log` (`tee_output`), what the terminal leaves to it (`quiet_terminal`), and the
-progress a person watches (`StepProgressBar`, `StatusLine`, `say`).
+progress a person watches (`StepProgressBar`, `StatusLine`; their lines through `lra_bench.kit.say`).
 
 `run.log`: the run's whole log, not only what went through Python's `logging`.
 
@@ -46,8 +46,8 @@ a steps-only ETA leaves out); the status line's ETA is the same projection.
 `callbacks.progress_bar`: `auto` (bar in a terminal, status lines otherwise), `bar`, `status`, `none`
 (`true`/`false` mean `auto`/`none`).
 
-Every line the run prints while it trains goes through `say`: a plain `print` beside a live bar lands inside the
-bar's line (the bar redraws with `
+Every line the run prints while it trains goes through `say` (`lra_bench.kit.say`): a plain `print` beside a live
+bar lands inside the bar's line (the bar redraws with `
 ` and never ends its line), e.g. `…| 2/2 [00:00<00:00][A[lra-bench] projected`.
 """
 
@@ -70,7 +70,8 @@ import lightning_fabric
 import pytorch_lightning
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import TQDMProgressBar
-from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
+
+from lra_bench.kit.say import say
 
 # --- runlog --------------------------------------------------------------------------------------------------------
 
@@ -281,18 +282,6 @@ def quiet_terminal() -> Iterator[None]:
 
 MODES = ("auto", "bar", "status", "none")
 SHOWN = ("train/loss", "val/acc", "val/acc_best")
-
-
-def say(message: str, file: Any = None) -> None:
-    """Print `message` on a line of its own, also while progress bars are on screen: tqdm's `write` (through
-    Lightning's `Tqdm`, the class of its bars) clears the live bars, prints and draws them again below. Never
-    raises (it runs in signal handlers too, where a broken pipe would land in the middle of a step)."""
-    stream = file if file is not None else sys.stdout
-    try:
-        Tqdm.write(message, file=stream)
-        stream.flush()
-    except (OSError, ValueError):
-        pass
 
 
 def progress_mode(setting: object, isatty: bool | None = None) -> str:

@@ -14,7 +14,7 @@ What a training run settles before its first step: schedule, identity, run-dir o
 Called by `train` (below) once the data is prepared and the network built, before anything is written
 to a run dir that already holds a record. In order (the first two called by the stage, whose record stores what
 they find): the schedule can run (`check_schedule`); the run's identity and fingerprint, and how it
-deviates from its protocol (`identify`, `lra_bench.record.conformance`); the run dir holds this experiment or none
+deviates from its protocol (`identify`, `lra_bench.config.conformance`); the run dir holds this experiment or none
 (`rundir.check_same_experiment`); a run already completed is left as it is (unless `retest=true`); then
 `Start.use_checkpoint`: the checkpoint to resume from loads and was made by this model
 (`checkpoints.check_fits`, which also warns when the code changed since it was written). Every refusal is
@@ -48,9 +48,13 @@ from omegaconf import DictConfig
 from pytorch_lightning.callbacks import ModelCheckpoint, ModelSummary
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from lra_bench.config import conformance
+from lra_bench.config.pretrained_run import PretrainedSource
+from lra_bench.diagnostics.callback import DiagnosticsCallback
 from lra_bench.errors import ConfigError
-from lra_bench.record import conformance
 from lra_bench.record.builder import new_record
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, load_checkpoint, load_usable
+from lra_bench.record.curves import write_curves
 from lra_bench.record.identity import config_identity, fingerprint, run_identity
 from lra_bench.record.schema import Identified, RunRecord
 from lra_bench.run import checkpoints, pretrain, rundir
@@ -64,7 +68,6 @@ from lra_bench.run.build import (
     trainer_kwargs,
 )
 from lra_bench.run.checkpoints import (
-    CHECKPOINT_DIR,
     IdentityStamp,
     Resume,
     RunCheckpointIO,
@@ -73,7 +76,6 @@ from lra_bench.run.checkpoints import (
 )
 from lra_bench.run.console import chosen_preset, opening_line, print_config, print_summary, resume_command
 from lra_bench.run.metrics import EfficiencyMonitor, build_loggers, finish_wandb
-from lra_bench.run.pretrained import PretrainedSource
 from lra_bench.run.recorder import Recorder, TestOutputs, run_test
 from lra_bench.run.rundir import point_latest
 from lra_bench.run.signals import StopSignals, tell
@@ -336,7 +338,7 @@ def resume_from(cfg: DictConfig, output_dir: Path) -> checkpoints.Resume:
         checkpoints.log_resume(resume)
         return resume
     path = Path(str(cfg.ckpt_path)).expanduser()  # (validate() checked it too; the file may have changed since)
-    return checkpoints.Resume.of(path, checkpoints.load_usable(path, shown=cfg.ckpt_path))
+    return checkpoints.Resume.of(path, load_usable(path, shown=cfg.ckpt_path))
 
 
 def assemble_callbacks(
@@ -474,7 +476,7 @@ def requeue_grace_s() -> float:
 def checkpoint_step(path: str | None) -> int | None:
     if not path:
         return None
-    return int(checkpoints.load_checkpoint(path).get("global_step", 0))
+    return int(load_checkpoint(path).get("global_step", 0))
 
 
 def model_summary(cfg: DictConfig) -> list[pl.Callback]:
@@ -485,8 +487,6 @@ def model_summary(cfg: DictConfig) -> list[pl.Callback]:
 
 def draw_curves(output_dir: Path, record: dict[str, Any]) -> None:
     """`curves.png` beside the record; a failure to draw is one line, never the run's failure."""
-    from lra_bench.record.curves import write_curves  # matplotlib and pandas: only when a run ends
-
     try:
         write_curves(output_dir, record)
     except Exception as err:  # a plot must never turn a finished run into a failed one
@@ -497,10 +497,6 @@ def _extra_callbacks(cfg: DictConfig, dm: Any, recorder: Recorder) -> list[pl.Ca
     """Callbacks contributed by other parts of the harness (diagnostics, …), each optional; the record reads what
     they expose (the diagnostics' `latest`/`best`), and they ask it to write (`on_update`)."""
     if not cfg.diagnostics.enabled or cfg.stage == "pretrain":  # diagnostics compare with bidirectional softmax
-        return []
-    try:
-        from lra_bench.diagnostics.callback import DiagnosticsCallback
-    except ImportError:
         return []
     diagnostics = DiagnosticsCallback(cfg.diagnostics, dm, on_update=recorder.write)
     recorder.diagnostics = diagnostics

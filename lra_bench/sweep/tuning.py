@@ -11,62 +11,30 @@
 3. `python -m lra_bench.compare attn=gpa attn=nystrom --in ...` pairs tuned runs; it lets the tuned values differ
    only when both sides were tuned with the same budget and space, and marks tuned / untuned sides.
 
-Light at import (no torch): the resolver is registered before every composition, the callback runs in Hydra.
+The `tuned` resolver and the file it reads are the config's (`lra_bench.config.tuned`: it is registered before every
+composition); this module writes that file at the end of a search. Light at import (no torch): the callback runs in
+Hydra.
 """
 
 from __future__ import annotations
 
 import shlex
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.config.tuned import FILENAME, FORMAT, TuningError, load_result
+from lra_bench.kit.plain import plain_dict
+from lra_bench.record import results
 
-FILENAME = "tuning.yaml"
-FORMAT = "lra-bench/tuning/1"
 #: the search's own result (best trial, every trial), written by the Optuna sweeper (hydra_plugins/lra_bench_sweeper)
 OPTUNA_RESULTS = "optimization_results.yaml"
 #: the keys `conf/tuning/tuned.yaml` sets from a search (others the search tuned are passed on the command line)
 TUNED_KEYS = ("optim.lr", "optim.warmup_steps", "model.dropout")
 #: overrides of the search that the final runs must not repeat
 SEARCH_ONLY = ("hparams_search", "tuning.", "hydra.", "seed", "test")
-
-
-class TuningError(ValueError):
-    """A search dir without a usable result; one line naming the dir, the key and what would be valid."""
-
-
-@lru_cache(maxsize=32)
-def _load(search_dir: str) -> dict[str, Any]:
-    path = Path(search_dir) / FILENAME
-    if not path.is_file():
-        raise TuningError(
-            f"tuning.search_dir={search_dir}: no {FILENAME} there — give the sweep dir of a finished "
-            "`python run.py hparams_search=optuna ...` (it writes that file when the search ends)"
-        )
-    loaded = OmegaConf.load(path)
-    data = plain_dict(loaded) if isinstance(loaded, DictConfig) else None
-    if data is None or data.get("format") != FORMAT:
-        raise TuningError(f"{path}: not a {FORMAT} file")
-    return data
-
-
-def tuned_value(search_dir: str, key: str) -> Any:
-    """The `tuned` resolver: `${tuned:<search dir>,optim.lr}` → the value the search chose (or, for a key it kept
-    fixed, the value its trials used); `budget`, `space`, `sampler_seed`, `best_value` → the search's own."""
-    data = _load(str(search_dir))
-    if key in data.get("values", {}):
-        return data["values"][key]
-    if key in ("budget", "space", "sampler_seed", "best_value", "objective", "trials_completed"):
-        return data[key]
-    raise TuningError(
-        f"tuned:{key}: the search in {search_dir} recorded no such value (it has: "
-        f"{', '.join([*data.get('values', {}), 'budget', 'space', 'sampler_seed', 'best_value'])})"
-    )
 
 
 def final_overrides(config: DictConfig, sweep_dir: Path, extra: dict[str, Any]) -> list[str]:
@@ -78,8 +46,6 @@ def final_overrides(config: DictConfig, sweep_dir: Path, extra: dict[str, Any]) 
 
 
 def _completed_trials(sweep_dir: Path) -> int:
-    from lra_bench.record import results
-
     done = 0
     for path in sweep_dir.rglob(results.FILENAME):
         try:
@@ -121,7 +87,7 @@ class TuningCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         path = write_result(config, sweep_dir)
-        data = _load.__wrapped__(str(sweep_dir))  # fresh read (the cache may hold an older search)
+        data = load_result.__wrapped__(str(sweep_dir))  # fresh read (the cache may hold an older search)
         extra = {k: v for k, v in data["values"].items() if k not in TUNED_KEYS}
         command = shlex.join(["python", "run.py", "-m", *final_overrides(config, sweep_dir, extra)])
         chosen = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in data["values"].items())

@@ -5,6 +5,10 @@ JSON), and the report is rewritten atomically after every stage, so a check stop
 complete report of what ran. `render` turns the exit codes check.sh recorded in WORK/stages.tsv (0 passed, 124 or
 137 `timeout` stopped it, else failed) and each stage's files into report.json and report.md; `env` records the
 device and versions. The ListOps table puts each run beside the published Nyströmformer Table 3 number.
+
+The harness (and torch) is imported inside the stage that reads its files, never at the top: the report is
+rendered after every stage, the first of which (`wheels`) installs the packages the harness needs, and a node where
+that failed still gets its report.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class Judge:
 
     def run(self, attn: str) -> dict[str, Any]:
         """A ListOps run from its record; stopped early, with the best validation its CSV holds."""
-        from lra_bench.record.reader import typed  # a record read as the harness reads it
+        from lra_bench.record.reader import typed  # a record read as the harness reads it (inside: module docstring)
 
         code, ms = self.rc[f"listops-{attn}"]
         run_dir = self.work / "runs" / "listops" / attn / attn
@@ -134,7 +138,7 @@ class Judge:
 
     def stage_bf16_smoke(self, s: Stage) -> None:
         """Each attention's record: completed, every planned step, in bf16-mixed, every logged loss finite."""
-        from lra_bench.record.reader import typed
+        from lra_bench.record.reader import typed  # (inside: see the module docstring)
 
         results = {}
         for path in sorted((self.work / "smoke").rglob("results.json")):
@@ -162,7 +166,7 @@ class Judge:
         data = load(self.out / f"bench_{dtype}.json")
         if data is None:
             return
-        from lra_bench.bench.report import render_markdown
+        from lra_bench.bench.report import render_markdown  # (inside: see the module docstring)
 
         self.data["sections"][f"Attention benchmark on the device, {dtype}"] = render_markdown(data, h="###")
         rows = data["rows"]
@@ -204,7 +208,7 @@ class Judge:
         """The ListOps runs beside the published Nyströmformer Table 3 number of their attention."""
         if not self.runs:
             return []  # (and pandas, under the leaderboard's import, not loaded for nothing)
-        from lra_bench.leaderboard.aggregate import as_percent
+        from lra_bench.leaderboard.aggregate import as_percent  # (inside: see the module docstring)
         from lra_bench.leaderboard.published import load_published
 
         pub = {r.attn: r for r in load_published()[1] if r.source == "nystromformer_t3" and r.scores.get("listops")}
@@ -322,7 +326,7 @@ def render(args: argparse.Namespace) -> int:
 
 def env(out: Path) -> int:
     """What every run records about its machine, the device, and the one-line hardware summary of the report."""
-    import torch
+    import torch  # (inside: see the module docstring)
 
     from lra_bench.record.provenance import environment
 

@@ -86,6 +86,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+from rich import progress as rp
 
 __all__ = [
     "DIFFICULTY_DIRS",
@@ -750,7 +751,6 @@ def _progress_bar(enabled: bool, total: int, description: str) -> Iterator[Calla
     if not enabled:
         yield lambda n: None
         return
-    from rich import progress as rp
 
     columns = (
         rp.TextColumn("{task.description}"),

@@ -31,7 +31,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.config.compose import CONF_DIR, compose_config
+from lra_bench.config.pretrained_run import PretrainedSource
+from lra_bench.config.stages import resolve_stage
+from lra_bench.config.validate import check_components
+from lra_bench.kit.plain import plain_dict
 from lra_bench.record.identity import (
     DATA_KEYS,
     KERNEL_CHOICES,
@@ -46,14 +50,11 @@ from lra_bench.record.identity import (
 METHOD_AND_MEASUREMENT: tuple[str, ...] = ("attn", "selector", "seed", *KERNEL_CHOICES, *MEASUREMENT, *DATA_KEYS)
 
 
-def derive_run_keys(cfg: Any) -> Any:
+def derive_run_keys(cfg: Any) -> PretrainedSource | None:
     """Settle `cfg` as `lra_bench.run.entry.run_stage` does before a stage records the config: the components' typed
     values (`check_components`, which `validate` runs first) and the derived stage keys (`resolve_stage`:
     `pretraining`, `pretraining_fingerprint`). Returns `resolve_stage`'s result (the run a fine-tune starts from,
     or None)."""
-    from lra_bench.config.validate import check_components
-    from lra_bench.run.pretrain import resolve_stage
-
     check_components(cfg)
     return resolve_stage(cfg)
 
@@ -61,9 +62,6 @@ def derive_run_keys(cfg: Any) -> Any:
 def protocol_identity(task: str, protocol: str, attn: str, selector: str | None) -> dict[str, Any]:
     """The config identity of `task × protocol × attn × selector` as the protocol defines it, with the derived keys
     filled as a run of that config fills them."""
-
-    from lra_bench.config.compose import compose_config
-
     overrides = [f"task={task}", f"protocol={protocol}", f"attn={attn}", f"selector={selector or 'none'}", "~local"]
     cfg = compose_config(overrides)
     derive_run_keys(cfg)
@@ -74,8 +72,6 @@ def protocol_method_keys(protocol: str, attn: str, selector: str | None) -> tupl
     """The `attn.*` / `selector.*` keys (dotted) that the protocol sets for this attention and selector: the leaves
     of its `protocol_attn/<protocol>_<attn>.yaml` and `protocol_selector/<protocol>_<selector>.yaml` (none without
     such files)."""
-    from lra_bench.config.compose import CONF_DIR
-
     paths = [CONF_DIR / "protocol_attn" / f"{protocol}_{attn}.yaml"]
     paths += [CONF_DIR / "protocol_selector" / f"{protocol}_{selector}.yaml"] if selector else []
     keys = [k for p in paths if p.is_file() for k in flatten(plain_dict(OmegaConf.load(p)))]

@@ -1,8 +1,8 @@
 """The config that runs is the config that was checked: a single run's config is composed twice, and compared.
 
-`run.py` and `python -m lra_bench.bench` start with the pre-flight (`lra_bench.config.preflight`), which composes a
-single run's config through Hydra's compose API and checks it, so that bad input is one line and exit 2 before
-Hydra writes anything; then they call their `@hydra.main` function, and Hydra composes the config again for the
+`run.py` and `python -m lra_bench.bench` start with the pre-flight (`lra_bench.preflight.command_line`), which
+composes a single run's config through Hydra's compose API and checks it, so that bad input is one line and exit 2
+before Hydra writes anything; then they call their `@hydra.main` function, and Hydra composes the config again for the
 job, as it always does. Both read the same files with the same overrides, so the two agree — unless something
 changed between them (a file under conf/ edited in between, a resolver, plugin or search path that composes
 differently the second time). Then a run would train on a config nobody checked.
@@ -23,7 +23,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lra_bench.config.plain import plain_dict
+from lra_bench.kit.plain import plain_dict
+from lra_bench.preflight.command_line import bad_input
 
 #: (digest, job tree) of the config the pre-flight checked, until the job compares it (once)
 _checked: tuple[str, dict[str, Any]] | None = None
@@ -97,8 +98,6 @@ def check_unchanged(cfg: DictConfig) -> None:
     (digest, checked), _checked = _checked, None
     if config_digest(cfg) == digest:
         return
-    from lra_bench.config.preflight import bad_input
-
     now = job_tree(cfg)
     path = first_difference(checked, now) or ()
     bad_input(

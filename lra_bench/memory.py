@@ -1,4 +1,5 @@
-"""Peak-memory probes.
+"""Peak-memory probes: the attention benchmark's (`lra_bench.bench.worker`) and the run's efficiency callback's
+(`lra_bench.run.metrics`), below both so that neither imports the other for them.
 
 CUDA: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, minus `memory_allocated` just
 before the measured calls (tensor memory only; the caching allocator's reserve is not counted).

@@ -8,7 +8,7 @@ command line the way Hydra does, composes the same overrides through `lra_bench.
 torch), and checks the paths the run will write. A multirun's jobs are composed and validated by the sweeper
 (`hydra_plugins.lra_bench_sweeper`), before any is launched; here only its common part is composed.
 `--help`, `--hydra-help`, `--info`, shell completion and other config dirs are left to Hydra. A single run's checked
-config is returned: the app keeps its digest (`lra_bench.config.digest`) and then calls its `@hydra.main` function,
+config is returned: the app keeps its digest (`lra_bench.preflight.digest`) and then calls its `@hydra.main` function,
 whose job compares the config Hydra composes for it with the one checked here.
 
 A key added with `+` goes where no schema looks: Hydra suggests `+trainer.max_step=5` for a misspelt key, and the run
@@ -34,13 +34,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+# private to Hydra, but its own command-line parser (no public API has it): argv read as @hydra.main reads it
+from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.config.compose import compose_config, one_line
-from lra_bench.config.plain import plain_dict
 from lra_bench.config.validate import check_dir_path, check_paths, check_typed_folders, check_writable
 from lra_bench.errors import ConfigError
+from lra_bench.kit.plain import plain_dict
+from lra_bench.run.rundir import check_free
 
 EXIT_BAD_INPUT = 2
 
@@ -54,6 +62,7 @@ def bad_input(message: str) -> NoReturn:
 @functools.cache
 def trainer_arguments() -> frozenset[str]:
     """The keyword arguments of `pl.Trainer` (`trainer:` is passed through to it)."""
+    # Lightning only for a `+trainer.` key: the pre-flight must not load it (`--help` stays fast)
     import pytorch_lightning as pl
 
     return frozenset(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
@@ -178,16 +187,9 @@ def preflight(
 
     `check(cfg)` (optional) runs on the composed config of a single run; a `ConfigError` from it is bad input too.
     Returns a single run's checked config (Hydra's node included), for the app to hand to
-    `lra_bench.config.digest.remember_checked` before `@hydra.main` composes it again; None for a multirun,
+    `lra_bench.preflight.digest.remember_checked` before `@hydra.main` composes it again; None for a multirun,
     `--cfg` or what Hydra answers itself.
     """
-    # private to Hydra, but its own command-line parser (no public API has it): argv read as @hydra.main reads it
-    from hydra._internal.utils import get_args_parser
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
-
     args, _unknown = get_args_parser().parse_known_args(list(argv))
     name = args.config_name or config_name
     parsed: list[Any] = []  # (a line Hydra cannot parse fails before there is any)
@@ -227,8 +229,6 @@ def preflight(
         run_dir = Path(str(OmegaConf.select(cfg, output_key)))
         check_writable(run_dir, key=output_key)
         if os.environ.get("LOCAL_RANK", "0") == "0":  # (DDP ranks > 0 run inside rank 0's launch, and its lock)
-            from lra_bench.run.rundir import check_free
-
             check_free(run_dir)  # another process trains there: refuse before Hydra writes into its dir
         return cfg
     except ConfigError as err:
@@ -236,6 +236,4 @@ def preflight(
     except (HydraException, OmegaConfBaseException) as err:
         bad_input(composition_error(err, parsed, name))
     finally:
-        from hydra.core.global_hydra import GlobalHydra
-
         GlobalHydra.instance().clear()
