@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lra_bench.kit.numbers import median_of
 from lra_bench.record.checkpoint_file import best_checkpoint_of
 from lra_bench.record.provenance import git_commit, hardware
 
@@ -71,17 +72,13 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def _numbers(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [float(v) for r in rows if isinstance(v := r.get(key), int | float) and math.isfinite(float(v))]
 
 
 def _stats(rows: list[dict[str, Any]], key: str) -> dict[str, float | None]:
     values = _numbers(rows, key)
-    return {"mean": _mean(values), "median": _median(values)}
+    return {"mean": _mean(values), "median": median_of(values)}
 
 
 def summarise(measured: dict[str, Any]) -> dict[str, Any]:
@@ -100,11 +97,11 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
                     "head": head["head"],
                     "sequences": len(rows),
                     "output_error_mean": 0.0 if exact else _mean(_numbers(rows, "output_residual")),
-                    "output_error_median": 0.0 if exact else _median(_numbers(rows, "output_residual")),
+                    "output_error_median": 0.0 if exact else median_of(_numbers(rows, "output_residual")),
                     "matrix_error_mean": 0.0 if exact else _mean(_numbers(rows, "matrix_residual")),
-                    "rank_a_hat_median": _median(_numbers(rows, "rank_a_hat")),
-                    "rank_budget_median": _median(_numbers(rows, "rank_budget")),
-                    "rank_a_median": _median(_numbers(rows, "rank_a")),
+                    "rank_a_hat_median": median_of(_numbers(rows, "rank_a_hat")),
+                    "rank_budget_median": median_of(_numbers(rows, "rank_budget")),
+                    "rank_a_median": median_of(_numbers(rows, "rank_a")),
                 }
             )
         layers.append({"layer": layer["layer"], "heads": heads})
@@ -125,11 +122,11 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
         ),
         "rounding": rounding,
         "rank": {
-            "a_hat_numerical_median": _median(_numbers(every, "rank_a_hat")),
+            "a_hat_numerical_median": median_of(_numbers(every, "rank_a_hat")),
             "a_hat_numerical_mean": _mean(_numbers(every, "rank_a_hat")),
-            "budget_effective_median": _median(_numbers(every, "rank_budget")),
+            "budget_effective_median": median_of(_numbers(every, "rank_budget")),
             "budget_nominal": max(nominal) if nominal else None,  # None: no budget (full rank)
-            "a_numerical_median": _median(_numbers(every, "rank_a")),
+            "a_numerical_median": median_of(_numbers(every, "rank_a")),
         },
         "evaluations": len(every),
         "layers": layers,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lra_bench.kit.figures import pyplot, save_figure
 from lra_bench.kit.markdown import table
+from lra_bench.kit.numbers import median_of
 from lra_bench.leaderboard.reproduced import reproduction_interval
 from lra_bench.reproduction_claims import completed
 from lra_bench.reproduction_runs import Run
@@ -45,11 +46,6 @@ def reference_machine(runs: Sequence[Run]) -> str | None:
     return min(counts, key=lambda m: (-counts[m], m)) if counts else None
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    known = [float(v) for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
 def cost_rows(runs: Sequence[Run]) -> tuple[list[CostRow], str | None]:
     """One row per attention with a completed seed, and the machine the cost columns are from."""
     done = {attn: completed(runs, attn) for attn in sorted({r.attn for r in runs})}
@@ -66,8 +62,8 @@ def cost_rows(runs: Sequence[Run]) -> tuple[list[CostRow], str | None]:
                 statistics.fmean(accs),
                 reproduction_interval(accs),
                 len(accs),
-                _median([m.step_time_median_s for m in metrics]),
-                _median([m.peak_memory_mib for m in metrics]),
+                median_of([m.step_time_median_s for m in metrics]),
+                median_of([m.peak_memory_mib for m in metrics]),
                 len(timed),
             )
         )

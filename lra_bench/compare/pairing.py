@@ -27,6 +27,7 @@ from lra_bench.record import predictions
 from lra_bench.record.identity import MEASUREMENT, differing_keys, identity_of, under
 from lra_bench.record.reader import typed
 from lra_bench.record.schema import Metrics
+from lra_bench.record.table import over_seeds, runs_table
 from lra_bench.stats.paired import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
@@ -146,11 +147,6 @@ def _hardware(record: dict[str, Any]) -> str:
     return json.dumps(typed(record).env_part("hardware"), sort_keys=True, default=str)
 
 
-def _median(values: Sequence[Any]) -> float | None:
-    nums = [float(v) for v in values if v is not None]
-    return statistics.median(nums) if nums else None
-
-
 def timing(metrics: Metrics) -> Timing:
     """The run's step-time measurement (`timed_steps`, `step_time_iqr_s`: None in older records)."""
     return Timing(metrics.step_time_median_s, metrics.timed_steps, metrics.step_time_iqr_s)
@@ -166,12 +162,14 @@ def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], level: 
     comparable = len(hardware) == 1
     note = "" if comparable else f"measured on {len(hardware)} different hardware setups: not comparable"
 
+    measured = ("step_time_median_s", "peak_memory_mib")
+    sa, sb = over_seeds(runs_table(a), measured), over_seeds(runs_table(b), measured)  # the leaderboard's statistic
     ma, mb = [typed(r).metrics for r in a], [typed(r).metrics for r in b]
     return Efficiency(
-        _median([m.step_time_median_s for m in ma]),
-        _median([m.step_time_median_s for m in mb]),
-        _median([m.peak_memory_mib for m in ma]),
-        _median([m.peak_memory_mib for m in mb]),
+        sa["step_time_median_s"],
+        sb["step_time_median_s"],
+        sa["peak_memory_mib"],
+        sb["peak_memory_mib"],
         comparable,
         note,
         speed_ratio([timing(m) for m in ma], [timing(m) for m in mb], level),

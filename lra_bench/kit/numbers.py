@@ -1,5 +1,5 @@
-"""How a ratio is printed in a report: never with more than its inputs can support (issue 21: docs/results.md
-printed `676682359.81×` as a finding).
+"""Numbers in reports: the median of what is known (`median_of`), and how a ratio is printed: never with more
+than its inputs can support (issue 21: docs/results.md printed `676682359.81×` as a finding).
 
 The rule, in one place (`ratio_text`):
 
@@ -12,6 +12,10 @@ The rule, in one place (`ratio_text`):
 """
 
 from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
 
 #: significant figures of a printed ratio
 RATIO_DIGITS = 3
@@ -29,3 +33,10 @@ def ratio_text(
     if limit is not None and ratio > limit:
         return f"> {limit:.{RATIO_DIGITS}g}× ({beyond})"
     return f"{ratio:.{RATIO_DIGITS}g}×"
+
+
+def median_of(values: Iterable[Any]) -> float | None:
+    """The median of the values that are known (None skipped); None when none is. A record's missing number (an
+    older schema, a failed measurement) never counts as 0."""
+    known = [float(v) for v in values if v is not None]
+    return statistics.median(known) if known else None

@@ -8,7 +8,6 @@ row, never a pool of several; evaluated checkpoints are listed apart and never c
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -17,11 +16,13 @@ from typing import Any
 import pandas as pd
 
 from lra_bench.diagnostics import LOCALITY_KEYS
+from lra_bench.kit.numbers import median_of
 from lra_bench.leaderboard import experiments
 from lra_bench.leaderboard.published import FIVE_TASKS, PATHX_FAIL_SCORE, TASKS, PublishedRow
 from lra_bench.record import results
 from lra_bench.record.identity import identity_of
 from lra_bench.record.reader import typed
+from lra_bench.record.table import as_percent, over_seeds, runs_table
 
 #: the cell a row sits in (several rows per cell when experiments differ; see `experiments`)
 GROUP_KEYS = ("protocol", "task", "attn", "selector", "rank_budget", "window", "pretraining")
@@ -44,19 +45,6 @@ TASK_ALIASES = {
 def canonical_task(name: Any) -> str:
     text = str(name).strip().lower() if name is not None else "unknown"
     return TASK_ALIASES.get(text, text)
-
-
-def as_percent(value: Any) -> float | None:
-    """Our records hold accuracy as a fraction (torchmetrics); papers print percent. Values > 1 are percent."""
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    if math.isnan(number):
-        return None
-    return number * 100.0 if number <= 1.0 else number
 
 
 def find_results(dirs: Iterable[str | Path]) -> list[Path]:
@@ -179,35 +167,20 @@ def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _runs_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """One line per completed training run: its row key (the group keys, conformance, fingerprint), the seed it
-    counts as, and the numbers a row aggregates (accuracies in percent, NaN where a record has none)."""
-    lines = []
-    for rec in records:
-        if rec.get("status") != "completed" or is_evaluation(rec) or is_pretraining_stage(rec):
-            continue
-        read, seed = typed(rec), rec.get("seed")
-        lines.append(
-            {
-                "key": (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)),
-                "seed_key": seed if seed is not None else rec["_path"],  # a record without a seed is its own
-                "seed_order": str(seed),
-                "finished_at": str(read.run.finished_at or ""),
-                "path": rec["_path"],
-                "record": rec,
-                "test": as_percent(read.metrics.test_acc),
-                "val": as_percent(read.metrics.val_acc),
-                **{key: read.metrics.get(key) for key in _NUMBERS},
-            }
-        )
-    columns = ["key", "seed_key", "seed_order", "finished_at", "path", "record", "test", "val", *_NUMBERS]
-    frame = pd.DataFrame(lines, columns=columns)
-    numeric = ["test", "val", *_NUMBERS]
-    frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
+    """The table of runs (`lra_bench.record.table.runs_table`) of the completed training runs, each with its row key
+    (the group keys, conformance, fingerprint) and the seed it counts as."""
+    kept = [
+        rec
+        for rec in records
+        if rec.get("status") == "completed" and not is_evaluation(rec) and not is_pretraining_stage(rec)
+    ]
+    frame = runs_table(kept)
+    frame["key"] = [
+        (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)) for rec in kept
+    ]
+    frame["seed_key"] = [rec.get("seed") if rec.get("seed") is not None else rec["_path"] for rec in kept]
+    frame["seed_order"] = [str(rec.get("seed")) for rec in kept]  # a record without a seed is its own
     return frame
-
-
-#: per-run metrics a row summarises (median step time and throughput, the largest memory and parameter count)
-_NUMBERS = ("step_time_median_s", "tokens_per_s", "peak_memory_mib", "params")
 
 
 def _dedupe_seeds(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -236,12 +209,7 @@ def _reach(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     """Median over seeds of each run's diagnostics summary (at its best-validation checkpoint, the one its test
     accuracy comes from; the latest when none is marked best): None where no run has diagnostics."""
     summaries = [typed(rec).diagnostics_summary() for rec in runs]
-    return {key: _median(s.get(key) for s in summaries) for key in REACH_KEYS}
-
-
-def _median(values: Iterable[Any]) -> float | None:
-    nums = [float(v) for v in values if v is not None]
-    return statistics.median(nums) if nums else None
+    return {key: median_of(s.get(key) for s in summaries) for key in REACH_KEYS}
 
 
 def _devices(runs: Sequence[dict[str, Any]]) -> str:
@@ -254,9 +222,9 @@ def _devices(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Completed training runs, one row per experiment (fingerprint except seed) — see `experiments`. Means and
-    sample standard deviations (ddof=1) over seeds; medians of the step time, throughput and peak memory (the
-    statistic compare and the reproductions page use for them too)."""
+    """Completed training runs, one row per experiment (fingerprint except seed) — see `experiments`. Each quantity
+    over seeds by its one statistic (`lra_bench.record.table.OVER_SEEDS`, which compare and the reproductions page
+    use too), beside the accuracies' sample standard deviations (ddof=1)."""
     groups = {tuple(runs["key"].iloc[0]): runs for _, runs in _runs_frame(records).groupby("key", sort=False)}
     rows, superseded = [], []
     for key in sorted(groups, key=_sort_key):
@@ -264,7 +232,8 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
         superseded += dropped
         kept: list[dict[str, Any]] = list(runs["record"])
         test, val = runs["test"].dropna(), runs["val"].dropna()
-        step = _value(runs["step_time_median_s"].median())
+        summary = over_seeds(runs)
+        step, params = summary["step_time_median_s"], summary["params"]
         seq_lens = {typed(r).data.seq_len for r in kept}  # the Pareto chart's "same length"
         rows.append(
             {
@@ -278,14 +247,14 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "test_accs": [float(v) for v in test],  # per seed, in seed order: what a reproduction verdict needs
                 "n_runs": len(kept),
                 "seeds": ",".join(str(r.get("seed")) for r in kept),
-                "test_acc_mean": _value(test.mean()),
+                "test_acc_mean": summary["test"],
                 "test_acc_std": _value(test.std(ddof=1)),
-                "val_acc_mean": _value(val.mean()),
+                "val_acc_mean": summary["val"],
                 "val_acc_std": _value(val.std(ddof=1)),
                 "step_time_median_ms": step * 1000.0 if step is not None else None,
-                "tokens_per_s": _value(runs["tokens_per_s"].median()),
-                "peak_memory_mib": _value(runs["peak_memory_mib"].median()),
-                "params": None if pd.isna(most := runs["params"].max()) else int(most),
+                "tokens_per_s": summary["tokens_per_s"],
+                "peak_memory_mib": summary["peak_memory_mib"],
+                "params": None if params is None else int(params),
                 "device": _devices(kept),
                 "seq_len": seq_lens.pop() if len(seq_lens) == 1 else None,
                 **_reach(kept),

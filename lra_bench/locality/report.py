@@ -18,6 +18,7 @@ from scipy import stats
 
 from lra_bench.kit.figures import agg_figure, save_figure
 from lra_bench.kit.markdown import table
+from lra_bench.kit.numbers import median_of
 from lra_bench.stats.summary import t_interval
 
 PLOT = "locality.png"
@@ -28,11 +29,6 @@ def wilson(acc: float, examples: int, level: float = 0.95) -> tuple[float, float
     hits = round(acc * examples)
     ci = stats.binomtest(hits, examples).proportion_ci(confidence_level=level, method="wilson")
     return float(ci.low), float(ci.high)
-
-
-def _median(values: list[Any]) -> float | None:
-    numbers = [float(v) for v in values if v is not None]
-    return statistics.median(numbers) if numbers else None
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -64,9 +60,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "test_ci": interval,
                 "ci_basis": basis,
                 "val_mean": statistics.fmean(vals) if vals else None,
-                "attn_distance": _median([r["attn_distance"] for r in done]),
-                "attn_distance_exact": _median([r["attn_distance_exact"] for r in done]),
-                "mass_within_16": _median([r["mass_within_16"] for r in done]),
+                "attn_distance": median_of([r["attn_distance"] for r in done]),
+                "attn_distance_exact": median_of([r["attn_distance_exact"] for r in done]),
+                "mass_within_16": median_of([r["mass_within_16"] for r in done]),
             }
         )
     return out

@@ -208,8 +208,8 @@ class Judge:
         """The ListOps runs beside the published Nyströmformer Table 3 number of their attention."""
         if not self.runs:
             return []  # (and pandas, under the leaderboard's import, not loaded for nothing)
-        from lra_bench.leaderboard.aggregate import as_percent  # (inside: see the module docstring)
         from lra_bench.leaderboard.published import load_published
+        from lra_bench.record.table import as_percent  # (inside: see the module docstring)
 
         pub = {r.attn: r for r in load_published()[1] if r.source == "nystromformer_t3" and r.scores.get("listops")}
         return [{
