@@ -31,14 +31,14 @@ from lra_bench.config.setup import quiet_third_party_warnings, setup
 from lra_bench.config.validate import check_writable, validate
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
-from lra_bench.record.checkpoint_file import load, meta_of
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, load, meta_of
 from lra_bench.record.identity import LOGISTICS, is_logistics
 from tasks.layout import DataSourceError
 
 
 def default_out(checkpoint: Path) -> Path:
     """`<run dir>/eval/<checkpoint stem>/` for `<run dir>/checkpoints/<name>.ckpt` (else beside the file)."""
-    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINT_DIR else checkpoint.parent
     return run_dir / "eval" / checkpoint.stem
 
 

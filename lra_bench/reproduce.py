@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lra_bench.record.checkpoint_file import best_checkpoint_of
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, LAST, best_checkpoint_of
 from lra_bench.reproduction_approx import APPROX_FILE
 from lra_bench.reproduction_runs import EVIDENCE_ROOT, IN_PROGRESS, REPO, WORK_ROOT
 
@@ -92,18 +92,18 @@ def copy_into(src: Path, dst: Path) -> None:
 def snapshot(run: Path, evidence: Path) -> bool:
     """Copy an unfinished run's state into `evidence/in-progress/` (replacing the previous snapshot whole, so the
     folder is always one consistent state). False when there is no complete checkpoint pair to copy yet."""
-    ckpts = run / "checkpoints"
-    last = ckpts / "last.ckpt"
+    ckpts = run / CHECKPOINT_DIR
+    last = ckpts / LAST
     if not last.exists():
         return False
     staging = evidence / f".{IN_PROGRESS}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    (staging / "checkpoints").mkdir(parents=True)
-    shutil.copy2(last, staging / "checkpoints" / "last.ckpt")  # atomic rename by the run: a whole file
-    best = best_checkpoint_of(staging / "checkpoints" / "last.ckpt")
+    (staging / CHECKPOINT_DIR).mkdir(parents=True)
+    shutil.copy2(last, staging / CHECKPOINT_DIR / LAST)  # atomic rename by the run: a whole file
+    best = best_checkpoint_of(staging / CHECKPOINT_DIR / LAST)
     if best:
         try:
-            shutil.copy2(ckpts / best, staging / "checkpoints" / best)
+            shutil.copy2(ckpts / best, staging / CHECKPOINT_DIR / best)
         except FileNotFoundError:  # replaced by a newer best since last.ckpt was written: next time
             shutil.rmtree(staging)
             return False
@@ -118,7 +118,7 @@ def snapshot(run: Path, evidence: Path) -> bool:
 def restore(evidence: Path, run: Path) -> bool:
     """Put a committed `in-progress/` snapshot into the run dir when the run dir has no checkpoint of its own."""
     saved = evidence / IN_PROGRESS
-    if not (saved / "checkpoints" / "last.ckpt").exists() or (run / "checkpoints" / "last.ckpt").exists():
+    if not (saved / CHECKPOINT_DIR / LAST).exists() or (run / CHECKPOINT_DIR / LAST).exists():
         return False
     run.mkdir(parents=True, exist_ok=True)
     shutil.copytree(saved, run, dirs_exist_ok=True)
@@ -189,7 +189,7 @@ def approx_only(args: argparse.Namespace) -> int:
     if record_status(evidence / "results.json") != "completed":
         print(f"[reproduce] {evidence} holds no completed run: nothing to study", file=sys.stderr)
         return 1
-    if not any((run / "checkpoints").glob("best*.ckpt")):
+    if not any((run / CHECKPOINT_DIR).glob("best*.ckpt")):
         print(f"[reproduce] {run} has no best-val checkpoint (checkpoints/best-*.ckpt): cannot study", file=sys.stderr)
         return 1
     return 0 if approx_study(run, evidence / APPROX_FILE, args) else 1

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_bench.kit.numbers import median_of
-from lra_bench.record.checkpoint_file import best_checkpoint_of
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, LAST, best_checkpoint_of
 from lra_bench.record.provenance import git_commit, hardware
 
 APPROX_FILE = "approx.json"
@@ -51,8 +51,8 @@ EXACT = "full"  # the attention whose Â is exact softmax attention
 def best_checkpoint(run: Path) -> Path:
     """The run's best-val checkpoint: the one its `last.ckpt` names (ModelCheckpoint state), else the only, or the
     highest-step, `best-*.ckpt` in `checkpoints/`. FileNotFoundError when there is none."""
-    ckpts = run / "checkpoints"
-    last = ckpts / "last.ckpt"
+    ckpts = run / CHECKPOINT_DIR
+    last = ckpts / LAST
     if last.exists():
         named = best_checkpoint_of(last)
         if named and (ckpts / named).exists():

@@ -53,7 +53,7 @@ from lra_bench.kit.figures import pyplot, save_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
-from lra_bench.record.checkpoint_file import META_KEY, load_checkpoint
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, LAST, META_KEY, load_checkpoint
 from lra_bench.registry import ATTENTIONS
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
@@ -107,7 +107,7 @@ def _collect(root: Path, variant: str | None) -> list[Run]:
         run = recorded_run(seed_dir, folder, variant)
         run.curve = read_curve(folder)
         if folder.name == IN_PROGRESS:  # the snapshot's record is from its start: the checkpoint knows how far
-            run.checkpoint_step, run.segments = snapshot_progress(folder / "checkpoints" / "last.ckpt")
+            run.checkpoint_step, run.segments = snapshot_progress(folder / CHECKPOINT_DIR / LAST)
         runs.append(run)
     return runs
 
