@@ -178,8 +178,9 @@ def _runs_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     frame["key"] = [
         (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)) for rec in kept
     ]
+    # a record without a seed is its own seed
     frame["seed_key"] = [rec.get("seed") if rec.get("seed") is not None else rec["_path"] for rec in kept]
-    frame["seed_order"] = [str(rec.get("seed")) for rec in kept]  # a record without a seed is its own
+    frame["seed_order"] = [str(rec.get("seed")) for rec in kept]
     return frame
 
 

@@ -52,7 +52,7 @@ def runs_table(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     accuracies in percent and its measured numbers (NaN where a record has none)."""
     lines = []
     for rec in records:
-        read = typed(dict(rec))
+        read = typed(rec)
         lines.append(
             {
                 "path": rec.get("_path"),
