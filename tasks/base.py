@@ -174,6 +174,11 @@ class LRADataModule(pl.LightningDataModule):
     def cache_path(self):
         return cache.cache_path(self.cache_dir, self.name, self.cache_params())
 
+    @property
+    def tokens(self) -> str:
+        """The digest of the tokenized splits (`tasks.cache.tokens_digest`): the data's part of a run's identity."""
+        return cache.tokens_digest(self.cache_path, SPLITS)
+
     def prepare_data(self) -> None:
         self.ensure_source()  # cheap when the source is in place; may (re)generate it
         if cache.exists(self.cache_path, SPLITS):
@@ -181,6 +186,7 @@ class LRADataModule(pl.LightningDataModule):
         start = time.perf_counter()
         built = {split: cache.arrays_to_dataset(self.build_split(split)) for split in SPLITS}
         cache.save_splits(self.cache_path, built, self.cache_params())
+        cache.tokens_digest(self.cache_path, SPLITS)  # the identity's data part, once per cache
         print(f"[{self.name}] cached tokenized splits in {self.cache_path} ({time.perf_counter() - start:.1f}s)")
 
     def setup(self, stage: str | None = None) -> None:

@@ -123,6 +123,11 @@ class PretrainingData(LRADataModule):
         """The mask token: one past the task's vocabulary (the network's embedding has one more row)."""
         return self.task.vocab_size
 
+    @property
+    def tokens(self) -> str:
+        """The wrapped task's tokens: pretraining reads that cache."""
+        return self.task.tokens
+
     def prepare_data(self) -> None:
         self.task.prepare_data()
 

@@ -322,12 +322,19 @@ def test_a_run_made_before_the_choice_keeps_its_fingerprint_on_the_eager_path() 
     from lra_bench.config.compose import compose_config
     from lra_bench.config.conformance import derive_run_keys
     from lra_bench.kit.plain import plain_dict
-    from lra_bench.record.identity import DATA_KEYS, KERNEL_BASELINES, config_identity, fingerprint, under
+    from lra_bench.record.identity import (
+        DATA_KEYS,
+        KERNEL_BASELINES,
+        LEGACY_DATA_KEYS,
+        config_identity,
+        fingerprint,
+        under,
+    )
     from models.encoder import UNSET_KERNELS
 
     assert KERNEL_BASELINES == {"model.kernels": UNSET_KERNELS}
     stored = json.loads((REPO / "reproductions/nystromformer/listops/spectral/seed-0/identity.json").read_text())
-    data = {k: v for k, v in stored["identity"].items() if under(k, DATA_KEYS)}
+    data = {k: v for k, v in stored["identity"].items() if under(k, (*DATA_KEYS, *LEGACY_DATA_KEYS))}
     protocol = ["task=listops", "protocol=nystromformer", "attn=spectral", "selector=uniform", "~local"]
     for named in ([], ["model.kernels=eager"]):
         cfg = compose_config([*protocol, *named])

@@ -23,8 +23,8 @@ from lra_bench.leaderboard.published import FIVE_TASKS
 from lra_bench.record import results
 from tests.conftest import compose
 
-# The data part of every fixture's identity (a prepared data module's source and cache key).
-DATA_MODULE = SimpleNamespace(data_info=lambda: {"source": None}, cache_path="/cache/listops/v1-0123456789ab")
+# The data part of every fixture's identity (a prepared data module's tokens' digest).
+DATA_MODULE = SimpleNamespace(data_info=lambda: {"source": None}, tokens="0123456789abcdef")
 NYSTROM = "nystrom / segment_means (m=64)"
 SKY_NYSTROM = "nystrom / segment_means (m=128)"  # Skyformer's own size (conf/protocol_attn/skyformer_nystrom.yaml)
 

@@ -44,7 +44,7 @@ def listed(protocol: str) -> list[tuple[str, str]]:
 
 
 class PreparedData(SimpleNamespace):
-    """What `identify` reads of a prepared data module: its source and cache folder."""
+    """What `identify` reads of a prepared data module: its source and tokens' digest."""
 
     def data_info(self) -> dict[str, Any]:
         return {"source": self.source}
@@ -61,7 +61,7 @@ def recorded_conformance(overrides: list[str]) -> dict[str, Any]:
     conformance.derive_run_keys(cfg)  # train(): validate (check_components first), then the stage keys
     check_rules(cfg)
     record = new_record(cfg, Path("/tmp/lra-out/run"), with_env=False)
-    record.set_identity(identify(record, PreparedData(source="/tmp/lra-data/x", cache_path="/tmp/lra-data/cache/v1-0")))
+    record.set_identity(identify(record, PreparedData(source="/tmp/lra-data/x", tokens="0123456789abcdef")))
     return record.to_dict()
 
 

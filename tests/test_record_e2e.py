@@ -30,7 +30,8 @@ import torch
 
 from lra_bench.record.predictions import load_predictions
 from lra_bench.record.results import read_record
-from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli
+from tasks.cache import TOKENS_FILE
+from tests.conftest import REPO, TINY_LISTOPS, fault, run_cli, write_listops
 from tests.oracle import oracle
 
 # GPA: its codebook is selector state held in buffers (item 1: it must come back with the weights)
@@ -185,10 +186,11 @@ def test_corrupt_or_foreign_checkpoints_are_refused_before_training(trained: dic
 def test_another_experiment_in_the_same_folder_is_refused(trained: dict[str, Any]) -> None:
     root, out, record = trained["root"], trained["out"], trained["record"]
     before = files_of(out)
-    proc = run_cli([*ARGS, f"data_dir={root / 'other-data'}"], root, check=False)  # same overrides, other data
+    other = write_listops(root / "other-data", train=64, evaluation=16, max_length=48)  # other trees, same sizes
+    proc = run_cli([*ARGS, f"data_dir={other}"], root, check=False)  # same overrides, other data
     line = last_line(proc.stderr)
     assert proc.returncode == 2 and line.startswith(f"error: run dir {out} holds another experiment"), line
-    assert "data.source" in line and "other-data" in line and "run_name=" in line
+    assert "data.tokens" in line and "run_name=" in line
     assert "result record:" not in proc.stdout  # no summary: nothing ran
     after = files_of(out)
     for name in ("results.json", "identity.json", "checkpoints/last.ckpt", "test_predictions.npz"):
@@ -196,8 +198,9 @@ def test_another_experiment_in_the_same_folder_is_refused(trained: dict[str, Any
     stored = json.loads((out / "identity.json").read_text())
     assert stored["format"] == "lra-bench/run-identity/1" and stored["fingerprint"] == record["fingerprint"]
     assert stored["identity"] == record["identity"]
-    assert record["identity"]["data.source"] == str((root / "data" / "listops-1000").resolve())
-    assert record["identity"]["data.cache_key"].startswith("v1-") and "data_dir" not in record["identity"]
+    digests = {json.loads(p.read_text())["digest"] for p in root.rglob(TOKENS_FILE)}  # the two data's caches
+    assert len(digests) == 2 and record["identity"]["data.tokens"] in digests
+    assert "data_dir" not in record["identity"] and "data.source" not in record["identity"]
     assert set(record["code"]) == {"commit", "dirty"}
 
 

@@ -25,7 +25,7 @@ from tests.conftest import compose, fault
 
 # The modules this issue added are imported inside the tests, so each test fails on its own (not the whole file at
 # collection) against code without them.
-DATA = {"data.source": "/data/lra_release/listops-1000", "data.cache_key": "v1-0123456789ab"}
+DATA = {"data.tokens": "0123456789abcdef"}
 
 
 # -- item 7: every printed path pastes back as an override value, unquoted ------------------------------------------

@@ -16,7 +16,7 @@ differs there is a deviation, except:
   computed another way, at fp32 rounding and with another dropout stream;
 * `diagnostics.*`: they measure the model on a probe (no gradients, RNG restored; see
   `lra_bench.diagnostics.callback`) and never change a trained weight or a test prediction;
-* the data part of the identity (`data.source`, `data.cache_key`): the protocol has no value for it;
+* the data part of the identity (`data.tokens`): the protocol has no value for it;
 * logistics, which are no part of the identity anyway (`lra_bench.record.identity.LOGISTICS`).
 
 So `trainer.max_steps=4`, `debug=fdr`, a smaller model, `optim.lr=...` or `trainer.precision=bf16-mixed` each

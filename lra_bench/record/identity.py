@@ -2,7 +2,7 @@
 
 A run's *identity* is a flat `{dotted.key: value}` view of everything that can change its numbers: the resolved
 config minus pure logistics (where outputs go, how progress is shown, which logger), plus what the config does
-not say about the data (the resolved source and the preprocessing cache key — added by the run, see
+not say about the data (`data.tokens`, the digest of the tokenized splits the model reads — added by the run, see
 `lra_bench.run`). Its *fingerprint* is a short hash of that view. The record stores both (`identity`,
 `fingerprint`), so the leaderboard and `compare` work from records alone.
 
@@ -56,8 +56,13 @@ LOGISTICS: tuple[str, ...] = (
 #: protocol check (`lra_bench.config.conformance.METHOD_AND_MEASUREMENT`).
 MEASUREMENT: tuple[str, ...] = ("diagnostics",)
 
-#: the data's identity, which the config does not hold: the resolved source and the preprocessing cache key
-DATA_KEYS: tuple[str, ...] = ("data.source", "data.cache_key")
+#: the data's identity, which the config does not hold: the digest of the tokenized splits (`tasks.cache`). What the
+#: model reads, not where it lies or when it was written: the same bytes regenerated in another checkout, or copied to
+#: a cluster, are the same experiment (a run resumes there and its seeds pool); changed bytes are another.
+DATA_KEYS: tuple[str, ...] = ("data.tokens",)
+#: the data's identity in records and run dirs before `data.tokens`: the resolved source path and the preprocessing
+#: cache key, whose hash covered the source files' paths, sizes and mtimes (`lra_bench.run.rundir` reads them still)
+LEGACY_DATA_KEYS: tuple[str, ...] = ("data.source", "data.cache_key")
 
 #: prefixes that fix what a checkpoint's weights mean: another value and the state dict is another model's
 ARCHITECTURE: tuple[str, ...] = (
@@ -166,10 +171,9 @@ def differing_keys(identities: Iterable[Mapping[str, Any]], ignore: Iterable[str
     return out
 
 
-def data_identity(source: str | None, cache_key: str | None) -> dict[str, Any]:
-    """The identity keys of the data: where it was read from (a resolved path) and its preprocessing cache key
-    (`tasks.cache.cache_key`: every preprocessing parameter plus the source files' paths, sizes and mtimes)."""
-    return {"data.source": source, "data.cache_key": cache_key}
+def data_identity(tokens: str | None) -> dict[str, Any]:
+    """The identity keys of the data: the digest of its tokenized splits (`tasks.cache.tokens_digest`)."""
+    return {"data.tokens": tokens}
 
 
 def run_identity(config: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,10 @@ compares its fingerprint with the folder's:
 
 `identity.json` (format `lra-bench/run-identity/1`): `{format, fingerprint, identity, code, created_at}`, written once
 by the first run in the folder. Folders from before it existed are compared through their `results.json`'s config
-(the config part of the identity only; the data part was not recorded then).
+(the config part of the identity only; the data part was not recorded then). A folder whose identity predates
+`data.tokens` (its data part a path and a cache key that changed whenever the same files were regenerated, so a run
+could not resume in a new checkout) holds this experiment when the rest agrees and its record's source files have this
+run's sha256 (`legacy_same_data`); its `identity.json` is then renewed and the resume goes on.
 
 `<output_root>/<task>/<attn>/latest`: a link to the run of that task and attention started last.
 
@@ -58,6 +61,7 @@ import json
 import os
 import shutil
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +72,14 @@ from lra_bench.config.validate import LINK
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import now
-from lra_bench.record.identity import DATA_KEYS, config_identity, data_identity, differing_keys, under
+from lra_bench.record.identity import (
+    DATA_KEYS,
+    LEGACY_DATA_KEYS,
+    config_identity,
+    data_identity,
+    differing_keys,
+    under,
+)
 from tasks.files import umask
 
 LOG_NAME = "run.log"  # Hydra's job log of run.py (`<job name>.log`), which the run's tees append to
@@ -196,13 +207,24 @@ def _changes(before: dict[str, Any], after: dict[str, Any], keys: list[str], lim
     return "; ".join(parts) + (f"; … ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
-def check_same_experiment(output_dir: Path, identity: dict[str, Any], fingerprint: str) -> dict[str, Any] | None:
+def check_same_experiment(
+    output_dir: Path, identity: dict[str, Any], fingerprint: str, data: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """Refuse (`ConfigError`, one line) when `output_dir` holds another experiment. Returns the stored identity
-    (None for a new folder)."""
+    (None for a new folder); a folder from before `data.tokens` that holds this experiment returns the new identity
+    with `migrated_from` (`legacy_same_data`). `data`: the run's record's `data` section (its source's fingerprint)."""
     stored = read_identity(output_dir)
     if stored is not None:
         if stored.get("fingerprint") == fingerprint:
             return stored
+        if legacy_same_data(output_dir, stored, identity, data or {}):
+            print(
+                f"[lra-bench] {output_dir / FILENAME} predates data.tokens (fingerprint {stored.get('fingerprint')}): "
+                f"the same config on the same source files (sha256 {(data or {})['origin']['fingerprint']}), so "
+                f"the same experiment; its identity becomes {fingerprint}",
+                flush=True,
+            )
+            return {**stored, "identity": identity, "fingerprint": fingerprint, "migrated_from": stored["fingerprint"]}
         before, keys = stored.get("identity") or {}, differing_keys([stored.get("identity") or {}, identity])
     else:
         record = read_existing_record(output_dir)
@@ -222,31 +244,39 @@ def check_same_experiment(output_dir: Path, identity: dict[str, Any], fingerprin
     )
 
 
-def finished_record(output_dir: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The folder's record when it is `completed` for this fingerprint (a record from before fingerprints counts
-    when `check_same_experiment` accepted the folder), else None."""
+def legacy_same_data(
+    output_dir: Path, stored: Mapping[str, Any], identity: Mapping[str, Any], data: Mapping[str, Any]
+) -> bool:
+    """Whether a run dir whose `identity.json` predates `data.tokens` (its data part was `LEGACY_DATA_KEYS`: a path and
+    a cache key that changed with every regeneration of the same files) holds this experiment: the same identity
+    outside the data keys, and the same source files by content — the sha256 its record's `data.origin` holds
+    equals this run's, with the same tokenizer. Without that fingerprint on both sides it is not the same."""
+    old = stored.get("identity") or {}
+    if any(k in old for k in DATA_KEYS) or not any(k in old for k in LEGACY_DATA_KEYS):
+        return False
+    ignore = (*DATA_KEYS, *LEGACY_DATA_KEYS)
+    if differing_keys([old, dict(identity)], ignore=ignore):
+        return False
+    record = read_existing_record(output_dir) or {}
+    before = record.get("data") or {}
+    files = [(d.get("origin") or {}).get("fingerprint") for d in (before, data)]
+    same_tokenizer = before.get("tokenizer_version") == data.get("tokenizer_version")
+    return files[0] is not None and files[0] == files[1] and same_tokenizer
+
+
+def finished_record(output_dir: Path, fingerprint: str, *also: str) -> dict[str, Any] | None:
+    """The folder's record when it is `completed` for this fingerprint or one of `also` (the folder's fingerprint
+    before `legacy_same_data` renewed it; a record from before fingerprints counts when `check_same_experiment`
+    accepted the folder), else None."""
     record = read_existing_record(output_dir)
     if record is None or record.get("status") != "completed":
         return None
-    return record if record.get("fingerprint") in (fingerprint, None) else None
-
-
-def resolved_source(source: str | None) -> str | None:
-    """A data source as an absolute path (`kind:path` sources keep their kind), so a relative `data_dir` and a
-    moved working directory cannot make two different sources look alike."""
-    if not source:
-        return None
-    if Path(source).exists():
-        return str(Path(source).resolve())
-    kind, sep, rest = source.partition(":")
-    if sep and "/" not in kind and Path(rest).exists():
-        return f"{kind}:{Path(rest).resolve()}"
-    return source
+    return record if record.get("fingerprint") in (fingerprint, *also, None) else None
 
 
 def data_identity_of(dm: Any) -> dict[str, Any]:
-    """The data part of a run's identity, from its prepared data module: source and preprocessing cache key."""
-    return data_identity(resolved_source(dm.data_info().get("source")), Path(dm.cache_path).name)
+    """The data part of a run's identity, from its prepared data module: the digest of its tokenized splits."""
+    return data_identity(dm.tokens)
 
 
 # --- latest --------------------------------------------------------------------------------------------------------

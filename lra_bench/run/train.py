@@ -196,11 +196,16 @@ def identify(record: RunRecord, dm: Any, checked: dict[str, Any] | None = None) 
 def start_run(cfg: DictConfig, output_dir: Path, record: RunRecord, found: Identified, is_zero: bool) -> Start:
     """After `check_schedule` and `identify` (the record holds their findings): is the run dir this experiment's,
     and is the run already completed there."""
-    stored = rundir.check_same_experiment(output_dir, found.identity, found.fingerprint)
-    done = rundir.finished_record(output_dir, found.fingerprint) if str(cfg.ckpt_path) == "last" else None
+    stored = rundir.check_same_experiment(output_dir, found.identity, found.fingerprint, record.data.to_dict())
+    renewed = stored.get("migrated_from") if stored else None
+    done = (
+        rundir.finished_record(output_dir, found.fingerprint, *filter(None, [renewed]))
+        if str(cfg.ckpt_path) == "last"
+        else None
+    )
     if done is not None and not cfg.get("retest"):
         return Start(finished=done, previous=None, stamp=None)
-    if is_zero and stored is None:
+    if is_zero and (stored is None or renewed):
         rundir.write_identity(output_dir, found.identity, found.fingerprint, record.code or {})
     stamp = IdentityStamp(found.identity, found.fingerprint, record.config, record.code or {})
     return Start(finished=None, previous=done, stamp=stamp)
