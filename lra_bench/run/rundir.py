@@ -185,8 +185,14 @@ def read_identity(output_dir: Path) -> dict[str, Any] | None:
     return stored
 
 
-def write_identity(output_dir: Path, identity: dict[str, Any], fingerprint: str, code: dict[str, Any]) -> None:
+def write_identity(
+    output_dir: Path, identity: dict[str, Any], fingerprint: str, code: dict[str, Any], migrated_from: str | None = None
+) -> None:
+    """`identity.json`; `migrated_from`: the folder's fingerprint before its data identity was renewed
+    (`legacy_same_data`, `lra_bench.upgrade_identity`)."""
     payload = {"format": FORMAT, "fingerprint": fingerprint, "identity": identity, "code": code, "created_at": now()}
+    if migrated_from:
+        payload["migrated_from"] = migrated_from
     results.write_atomic(Path(output_dir) / FILENAME, payload)
 
 

@@ -206,7 +206,7 @@ def start_run(cfg: DictConfig, output_dir: Path, record: RunRecord, found: Ident
     if done is not None and not cfg.get("retest"):
         return Start(finished=done, previous=None, stamp=None)
     if is_zero and (stored is None or renewed):
-        rundir.write_identity(output_dir, found.identity, found.fingerprint, record.code or {})
+        rundir.write_identity(output_dir, found.identity, found.fingerprint, record.code or {}, renewed)
     stamp = IdentityStamp(found.identity, found.fingerprint, record.config, record.code or {})
     return Start(finished=None, previous=done, stamp=stamp)
 
