@@ -26,7 +26,8 @@ from tasks.layout import DataSourceError
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
-    """Build (or find) the cache of `cfg`'s task and return {task, protocol, cache, data_info, splits}."""
+    """Build (or find) the cache of `cfg`'s task and return {task, protocol, cache, tokens, data_info, splits}
+    (`tokens`: the digest a run's identity names the data by, so two machines can tell they hold the same data)."""
     from lra_bench.run.build import build_datamodule  # torch and Lightning: after the command line is read
 
     check_components(cfg)
@@ -36,6 +37,7 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
         "task": str(cfg.task.name),
         "protocol": str(cfg.protocol.name),
         "cache": str(dm.cache_path),
+        "tokens": dm.tokens,
         "data_info": dm.data_info(),
         "splits": dm.describe(),
     }
@@ -49,6 +51,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  tokenizer: {info.get('tokenizer_version')}  max_length: {info.get('max_length')}  "
         f"seq_len: {info.get('seq_len')}",
         f"  cache: {report['cache']}",
+        f"  tokens: {report['tokens']} (data.tokens: the data's part of a run's identity)",
     ]
     extra = {
         k: v

@@ -3,6 +3,7 @@ and turns a missing source into one error (exit 2) with the three ways to get th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,7 +43,9 @@ def test_cli_builds_cache_and_prints_statistics(tmp_path: Path) -> None:
         assert f"  {split} " in out
     assert "0:4 1:4" in out  # label balance per split
     assert "len min/median/max" in out and "/64" in out
-    assert list((tmp_path / "data" / "cache" / "text").iterdir())
+    (cache,) = (tmp_path / "data" / "cache" / "text").iterdir()
+    tokens = json.loads((cache / "tokens.json").read_text())["digest"]  # the digest a run's identity will name
+    assert f"  tokens: {tokens} (data.tokens" in out
 
 
 def test_missing_source_is_one_error_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
