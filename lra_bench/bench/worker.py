@@ -65,7 +65,7 @@ def _place(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) ->
     return module.to(device=device, dtype=dtype)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -116,20 +116,20 @@ def time_mode(spec: dict[str, Any], module, mode: str, device: torch.device, ten
     t0 = time.perf_counter()
     first = None
     for _ in range(max(1, int(spec["warmup"]))):
-        _sync(device)
+        sync(device)
         s = time.perf_counter()
         _call(module, mode, *tensors)
-        _sync(device)
+        sync(device)
         first = first if first is not None else time.perf_counter() - s
         if time.perf_counter() - t0 > float(spec["max_warmup_s"]):
             break
     times: list[float] = []
     spent = 0.0
     for _ in range(int(spec["repeats"])):
-        _sync(device)
+        sync(device)
         s = time.perf_counter()
         _call(module, mode, *tensors)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - s)
         spent += times[-1]
         if len(times) >= int(spec["min_repeats"]) and spent > float(spec["max_time_s"]):
