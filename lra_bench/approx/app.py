@@ -1,7 +1,6 @@
-"""The approximation study as `python -m lra_bench.approx` runs it (config: conf/approx.yaml): its inputs collected
-(synthetic and captured from a model), every method evaluated on them, the summary, `approx.json`, `approx.md` and the
-plots written. The command itself (`lra_bench.approx.__main__`) imports this only once Hydra has read the command
-line."""
+"""The approximation study as `python -m lra_bench.approx` runs it: its inputs collected, every method evaluated on
+them, the summary, `approx.json`, `approx.md` and the plots written (imported once Hydra has read the command line).
+"""
 
 from __future__ import annotations
 

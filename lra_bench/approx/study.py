@@ -1,23 +1,17 @@
-"""Evaluate every method on one attention problem against exact softmax attention (and its SVD optimum).
-
-Every metric comes from `lra_bench.diagnostics.metrics` (one implementation for training-time diagnostics and this
-study): relative Frobenius error ‖A − Â‖_F/‖A‖_F, output residual ‖(A − Â)V‖_F/‖AV‖_F, the Eckart–Young
-floor at the method's rank budget r and the ratio of the achieved error to it, numerical and stable rank,
-block-coherence (its definition is in `lra_bench.diagnostics.metrics`). Â is the method's own `implied_matrix`.
+"""Evaluate every method on one attention problem against exact softmax attention (and its SVD optimum), with the
+metrics of `lra_bench.diagnostics.metrics` (one implementation for training-time diagnostics and this study); Â is
+the method's own `implied_matrix`.
 
 Two groups of methods:
-* `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström minus
-  the conv skip, which is not part of Â), the landmark count m, under each core solve of `solves`:
-  `training` — the operator's own (Nyströmformer's 6-step iterative pseudo-inverse, run in fp32 as in
-  training) — and `stable` — the reference (`models.attention.numerics.stable_pinv`, run in fp64: exact when
-  the landmarks determine A) — and optionally `oracle`, no solve but the best middle matrix C⁺AR⁺ for the
-  selector's factors (what its landmarks allow at best, whatever the solve). The same seed gives the same
-  landmarks under each, so they are paired;
-* `attention`: every registered attention except `full`, at its paper defaults (conf/attn/<name>.yaml) with
-  its own default selector, m swept through its landmark-count field when it has one. An attention that
-  approximates another operator than softmax (it defines `target_pair(q, k, mask) → (T, T̂)`, as the
-  training-time diagnostics expect — e.g. the spectral mixer's tanh affinity and its Nyström estimate) is
-  scored on that pair instead, and says so (`target: own`).
+* `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström minus the
+  conv skip, which is not part of Â) at each m, under each core solve of `solves` (`SOLVES`): `training` (the
+  operator's own, in fp32 as in training), `stable` (`models.attention.numerics.stable_pinv` in fp64: exact when
+  the landmarks determine A) and optionally `oracle` (`oracle_matrix`). The same seed gives the same landmarks
+  under each, so they are paired;
+* `attention`: every registered attention except `full`, at its paper defaults with its own default selector, m
+  swept through its landmark-count field when it has one. One that approximates another operator than softmax
+  (`target_pair(q, k, mask) → (T, T̂)`, as the training-time diagnostics expect: the spectral mixer's tanh
+  affinity) is scored on that pair instead, and says so (`target: own`).
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
     return {"claim": "floor_ratio", "verdict": text, "rows": table}
 
 
-def verdict_rank(inputs: list[dict[str, Any]], d_model: int | None = None) -> dict[str, Any]:
+def verdict_rank(inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """Polynomial (d): numerical and stable rank of exp(QKᵀ/√d) against a degree-2 polynomial kernel."""
     acc: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     ns: dict[str, list[int]] = defaultdict(list)
@@ -359,12 +359,10 @@ def verdict_rank(inputs: list[dict[str, Any]], d_model: int | None = None) -> di
         rows.append(row)
     if not rows:
         return {"claim": "poly_rank", "verdict": "not measured", "rows": []}
+    informative = [r for r in rows if r["n"] > r["bound_poly2"]]
     parts = []
-    informative = []
     for r in rows:
-        note = "" if r["n"] > r["bound_poly2"] else " (n ≤ the degree-2 bound: uninformative)"
-        if r["n"] > r["bound_poly2"]:
-            informative.append(r)
+        note = "" if r in informative else " (n ≤ the degree-2 bound: uninformative)"
         parts.append(
             f"{r['source']} (n={r['n']:.0f}): exp {r['exp_numerical_rank']:.0f} (stable {r['exp_stable_rank']:.2f}), "
             f"softmax {r['softmax_numerical_rank']:.0f} (stable {r['softmax_stable_rank']:.2f}), "
