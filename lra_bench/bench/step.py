@@ -24,7 +24,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -42,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdp
 
 from lra_bench import runtime
 from lra_bench.bench.machine import matmul_yardstick, resolve_device
-from lra_bench.bench.worker import sync
+from lra_bench.bench.worker import timed
 from lra_bench.config.compose import compose_config
 from lra_bench.config.conformance import derive_run_keys
 from lra_bench.kit.plain import plain_dict
@@ -258,18 +257,14 @@ def time_side_by_side(
 def _round_robin(
     calls: list[Callable[[int], None]], warmup: int, count: int, device: torch.device
 ) -> list[list[float]]:
-    """Wall-clock seconds of `calls[k](i)` for i = warmup … warmup + count − 1, after `warmup` untimed rounds, the
-    calls interleaved (round i calls each of them once), each bracketed by a device sync (so a GPU's queued work is
-    counted in the call that queued it)."""
+    """Wall-clock seconds (`timed`) of `calls[k](i)` for i = warmup … warmup + count − 1, after `warmup` untimed
+    rounds, the calls interleaved (round i calls each of them once)."""
     times: list[list[float]] = [[] for _ in calls]
     for i in range(warmup + count):
         for k, call in enumerate(calls):
-            sync(device)
-            start = time.perf_counter()
-            call(i)
-            sync(device)
+            elapsed = timed(device, call, i)
             if i >= warmup:
-                times[k].append(time.perf_counter() - start)
+                times[k].append(elapsed)
     return times
 
 
