@@ -39,10 +39,6 @@ def compose_main(overrides: list[str]) -> DictConfig:
     return compose(config_name="config", overrides=overrides)
 
 
-def command_line() -> str:
-    return " ".join(["python -m lra_bench.approx", *HydraConfig.get().overrides.task])
-
-
 def collect_instances(cfg: DictConfig, settings: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """Every source's instances. A source that yields nothing is an error naming the setting — a study whose
     every verdict reads "not measured" must not look like a result."""
@@ -110,7 +106,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     data: dict[str, Any] = {
         "schema_version": 1,
         "app": "lra_bench.approx",
-        "command": command_line(),
+        "command": " ".join(["python -m lra_bench.approx", *HydraConfig.get().overrides.task]),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "output_dir": str(output_dir),
         "threads": torch.get_num_threads(),

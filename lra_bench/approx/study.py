@@ -49,13 +49,6 @@ class Method:
 SOLVES = {"training": None, "stable": "stable", "oracle": None}
 
 
-def check_solves(solves: list[str]) -> list[str]:
-    bad = [s for s in solves if s not in SOLVES]
-    if bad or not solves:
-        raise ValueError(f"approx.solves={solves}: expected a non-empty list of {', '.join(SOLVES)}")
-    return list(solves)
-
-
 def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Method]:
     """Selector group (every registered selector, or the configured list) and attention group."""
     out: list[Method] = []
@@ -63,7 +56,9 @@ def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Met
     op_params = {**attn_params(op, context), **dict(settings.get("operator_params") or {})}
     op_key = ATTENTIONS.get(op).rank_knob  # the knob m sets (num_landmarks, …): the attention says which
     sels = SELECTORS.names() if settings["selectors"] in ("all", None) else list(settings["selectors"])
-    solves = check_solves(list(settings.get("solves") or ["training"]))
+    solves = list(settings.get("solves") or ["training"])
+    if any(s not in SOLVES for s in solves):
+        raise ValueError(f"approx.solves={solves}: expected a non-empty list of {', '.join(SOLVES)}")
     if any(SOLVES[s] for s in solves) and "pinv" not in op_params:
         raise ValueError(f"approx.operator={op!r} has no `pinv` field, so approx.solves={solves} cannot apply")
     for solve in solves:
@@ -148,11 +143,6 @@ def describe_input(inst: Instance, ms: list[int], tol: float, with_ranks: bool) 
     return info, (a, sigma, norm_a)
 
 
-def precision(method: Method) -> torch.dtype:
-    """fp32 for the training solve (what training runs), fp64 for the stable reference and the oracle."""
-    return torch.float32 if method.solve == "training" else torch.float64
-
-
 def oracle_matrix(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """C (C⁺ A R⁺) R: the smallest ‖A − C U R‖_F over every middle matrix U, for the Nyström factors C (n×m) and
     R (m×n) the selector's landmarks give (fp64). What the landmarks allow, whatever the core solve; it uses A,
@@ -179,7 +169,8 @@ def evaluate(
     rows = []
     for seed in seeds:
         for method in methods:
-            dtype = precision(method)
+            # the training solve in fp32, as training runs it; the stable reference and the oracle in fp64
+            dtype = torch.float32 if method.solve == "training" else torch.float64
             q_in, k_in = inst.q.to(dtype)[None, None], inst.k.to(dtype)[None, None]
             for m in ms if method.m_key else [None]:
                 if m is not None and m > n:

@@ -137,14 +137,6 @@ def paired_reduction(
     return out
 
 
-def _claim_band(value: float, lo: float, hi: float) -> str:
-    if value < lo:
-        return "below the claimed band"
-    if value > hi:
-        return "above the claimed band"
-    return "within the claimed band"
-
-
 def _ms(values: list[Any]) -> str:
     return "m=" + ",".join(str(m) for m in values)
 
@@ -169,7 +161,7 @@ def kmeans_by_source(red: list[dict[str, Any]], lo: float, hi: float, beta: dict
                 mean_reduction=mean,
                 min_reduction=min(r["reduction_median"] for r in measured),
                 max_reduction=max(r["reduction_median"] for r in measured),
-                band=_claim_band(mean, lo, hi),
+                band=f"{'below' if mean < lo else 'above' if mean > hi else 'within'} the claimed band",
                 reached_m=[r["m"] for r in measured if r["reduction_median"] >= lo],
                 worse_m=[r["m"] for r in measured if r["reduction_median"] < 0],
                 best_m=best["m"],
