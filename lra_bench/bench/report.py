@@ -27,10 +27,6 @@ def _labels(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(r["label"] for r in rows))
 
 
-def _index(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
-    return {(r["label"], r["mode"], r["n"]): r for r in rows}
-
-
 def in_scope(row: dict[str, Any], scope: str = "landmark") -> bool:
     """The methods the targets are about: `landmark` = registry attentions swept over m (a landmark count);
     `efficient` = every registry attention other than exact `full`."""
@@ -331,7 +327,7 @@ SLOPE_HEADER = (
 def _mode_lines(data: dict[str, Any], mode: str, h: str, img_dir: str) -> list[str]:
     """One mode's section: time and memory by method and n, speed-ups, the pair ratio, slopes, and its plots."""
     rows, summ, s = data["rows"], data["summary"], data["settings"]
-    idx = _index(rows)
+    idx = {(r["label"], r["mode"], r["n"]): r for r in rows}
     ns = sorted({r["n"] for r in rows})
     labels = _labels(rows)
     out = ["", f"{h}# {MODE_TITLE[mode]}", ""]
