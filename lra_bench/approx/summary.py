@@ -354,7 +354,7 @@ def verdict_rank(inputs: list[dict[str, Any]]) -> dict[str, Any]:
     informative = [r for r in rows if r["n"] > r["bound_poly2"]]
     parts = []
     for r in rows:
-        note = "" if r in informative else " (n ≤ the degree-2 bound: uninformative)"
+        note = "" if r["n"] > r["bound_poly2"] else " (n ≤ the degree-2 bound: uninformative)"
         parts.append(
             f"{r['source']} (n={r['n']:.0f}): exp {r['exp_numerical_rank']:.0f} (stable {r['exp_stable_rank']:.2f}), "
             f"softmax {r['softmax_numerical_rank']:.0f} (stable {r['softmax_stable_rank']:.2f}), "
