@@ -1,7 +1,6 @@
-"""The approximation study as `python -m lra_bench.approx` runs it (config: conf/approx.yaml): its inputs collected
-(synthetic and captured from a model), every method evaluated on them, the summary, `approx.json`, `approx.md` and the
-plots written. The command itself (`lra_bench.approx.__main__`) imports this only once Hydra has read the command
-line."""
+"""The approximation study as `python -m lra_bench.approx` runs it: its inputs collected, every method evaluated on
+them, the summary, `approx.json`, `approx.md` and the plots written (imported once Hydra has read the command line).
+"""
 
 from __future__ import annotations
 
@@ -38,10 +37,6 @@ def compose_main(overrides: list[str]) -> DictConfig:
     """conf/config.yaml composed with `overrides` (the training config a random model is built from)."""
     setup()
     return compose(config_name="config", overrides=overrides)
-
-
-def command_line() -> str:
-    return " ".join(["python -m lra_bench.approx", *HydraConfig.get().overrides.task])
 
 
 def collect_instances(cfg: DictConfig, settings: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -111,7 +106,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     data: dict[str, Any] = {
         "schema_version": 1,
         "app": "lra_bench.approx",
-        "command": command_line(),
+        "command": " ".join(["python -m lra_bench.approx", *HydraConfig.get().overrides.task]),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "output_dir": str(output_dir),
         "threads": torch.get_num_threads(),

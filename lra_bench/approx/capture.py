@@ -1,17 +1,15 @@
 """Attention inputs captured from a model: q, k, v of every attention layer and head, on real sequences.
 
-* `trained`: a checkpoint `<run>/checkpoints/*.ckpt` — the model is rebuilt from the run's own
-  `<run>/.hydra/config.yaml` (`lra_bench.run.build.build_datamodule` / `build_model`, the same code that trained
-  it), its weights loaded, and run in eval mode on the longest validation sequences of its task (the probe
-  rule of the training-time diagnostics, `lra_bench.diagnostics.callback.build_probe`).
-* `random_model`: the same architecture freshly initialised (seeded) — from the checkpoint's run config when
-  one is given (so trained and random differ only in the weights, on the same sequences), otherwise from
-  `conf/config.yaml` composed with `model_overrides`, fed seeded random token ids (no dataset needed).
+* `trained`: a checkpoint `<run>/checkpoints/*.ckpt`, rebuilt from the run's own `<run>/.hydra/config.yaml` by the
+  code that trained it, run in eval mode on the longest validation sequences of its task (the diagnostics' probe,
+  `lra_bench.diagnostics.callback.build_probe`).
+* `random_model`: the same architecture freshly initialised (seeded): from the checkpoint's run config when one is
+  given (trained and random then differ only in the weights, on the same sequences), otherwise from
+  `conf/config.yaml` with `model_overrides`, fed seeded random token ids (no dataset needed).
 
-A forward pre-hook on every `Attention` module records its (q, k, v, mask) — exactly what the operator sees,
-after the block's projections — and each (sequence, layer, head) becomes one instance, cut to its real tokens
-(at most `max_len`). Which attention the model was trained with does not matter: the study compares every
-selector against exact softmax on these q, k.
+A forward pre-hook on every `Attention` module records exactly what the operator sees, after the block's
+projections; each (sequence, layer, head) is one instance, cut to its real tokens (at most `max_len`). The study
+compares every selector against exact softmax on these q, k, whatever attention the model was trained with.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lra_bench.config.setup import setup
 from lra_bench.diagnostics.callback import DiagnosticsCallback, build_probe
+from lra_bench.record.checkpoint_file import load_checkpoint
 from lra_bench.record.reader import typed
 from lra_bench.run.build import build_datamodule, build_model
 from models.attention.base import Attention
@@ -71,10 +70,23 @@ def run_metrics(ckpt: Path) -> dict[str, Any]:
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> int:
     """Load a Lightning checkpoint's `model.*` weights; returns its global step."""
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    state = load_checkpoint(ckpt)
     weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(weights, strict=True)
     return int(state.get("global_step", 0))
+
+
+def trained_model(ckpt: Path, data_dir: str | None) -> tuple[DictConfig, Any, torch.nn.Module, int]:
+    """The run's config, its task's data module (read or regenerated in `data_dir` when given, not in the run's), the
+    model with the checkpoint's weights and its global step."""
+    cfg = run_config(ckpt)
+    if data_dir:
+        cfg.data_dir = str(data_dir)
+    dm = build_datamodule(cfg)
+    dm.prepare_data()
+    dm.setup()
+    model = build_model(cfg, dm)
+    return cfg, dm, model, load_weights(model, ckpt)
 
 
 def capture(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[list[tuple]]:
@@ -138,17 +150,10 @@ def model_instances(
     info: dict[str, Any] = {}
     if ckpt:
         path = Path(ckpt).expanduser()
-        cfg = run_config(path)
-        if settings.get("data_dir"):  # read (or regenerate) the task's data here, not in the run's data_dir
-            cfg.data_dir = str(settings["data_dir"])
-        dm = build_datamodule(cfg)
-        dm.prepare_data()
-        dm.setup()
+        cfg, dm, model, step = trained_model(path, settings.get("data_dir"))
         batch = build_probe(dm, sequences, max_len)
         if batch is None:
             raise RuntimeError(f"approx.ckpt={ckpt}: the run's task has no validation sequences")
-        model = build_model(cfg, dm)
-        step = load_weights(model, path)
         out["trained"] = instances_from("trained", capture(model, batch), max_len, min_len)
         info["trained"] = {
             "ckpt": str(path),
@@ -208,14 +213,7 @@ def measure_checkpoint(
     checkpoint and run are. A reproduction's `approx.json` (`lra_bench.reproduction_approx`) is made from it."""
     torch.set_num_threads(threads)
     setup()
-    cfg = run_config(ckpt)
-    if data_dir:
-        cfg.data_dir = data_dir
-    dm = build_datamodule(cfg)
-    dm.prepare_data()
-    dm.setup()
-    model = build_model(cfg, dm)
-    step = load_weights(model, ckpt)
+    cfg, dm, model, step = trained_model(ckpt, data_dir)
     diag_cfg = {"probe_size": sequences, "max_len": max_len, "rank_tol": rank_tol, "heads": None, "layers": None}
     callback = DiagnosticsCallback(diag_cfg, dm)
     diag = callback.compute(model, torch.device("cpu"))

@@ -178,10 +178,8 @@ def _metric_table(rows: list[dict[str, Any]], metric: str, ms: list[int]) -> lis
             floor_cells.append(f"{sum(fl) / len(fl):.3f}" if fl else "—")
         body.append(["**SVD floor (rank m)**", "", "", *floor_cells, ""])
     for group, label, solve in labels:
-        cells = []
-        for m in ms:
-            a = idx.get((group, label, solve, m))
-            cells.append("—" if a is None else _error_cell(a, metric))
+        keys = [(group, label, solve, m) for m in ms]
+        cells = [_error_cell(idx[key], metric) if key in idx else "—" for key in keys]
         fixed = idx.get((group, label, solve, None))
         extra = "" if fixed is None else _error_cell(fixed, metric) + f" (r={fixed['rank_budget_nominal']})"
         tgt = " †" if any(a.get("target") == "own" for a in rows if a["label"] == label) else ""

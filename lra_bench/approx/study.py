@@ -1,23 +1,17 @@
-"""Evaluate every method on one attention problem against exact softmax attention (and its SVD optimum).
-
-Every metric comes from `lra_bench.diagnostics.metrics` (one implementation for training-time diagnostics and this
-study): relative Frobenius error ‖A − Â‖_F/‖A‖_F, output residual ‖(A − Â)V‖_F/‖AV‖_F, the Eckart–Young
-floor at the method's rank budget r and the ratio of the achieved error to it, numerical and stable rank,
-block-coherence (its definition is in `lra_bench.diagnostics.metrics`). Â is the method's own `implied_matrix`.
+"""Evaluate every method on one attention problem against exact softmax attention (and its SVD optimum), with the
+metrics of `lra_bench.diagnostics.metrics` (one implementation for training-time diagnostics and this study); Â is
+the method's own `implied_matrix`.
 
 Two groups of methods:
-* `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström minus
-  the conv skip, which is not part of Â), the landmark count m, under each core solve of `solves`:
-  `training` — the operator's own (Nyströmformer's 6-step iterative pseudo-inverse, run in fp32 as in
-  training) — and `stable` — the reference (`models.attention.numerics.stable_pinv`, run in fp64: exact when
-  the landmarks determine A) — and optionally `oracle`, no solve but the best middle matrix C⁺AR⁺ for the
-  selector's factors (what its landmarks allow at best, whatever the solve). The same seed gives the same
-  landmarks under each, so they are paired;
-* `attention`: every registered attention except `full`, at its paper defaults (conf/attn/<name>.yaml) with
-  its own default selector, m swept through its landmark-count field when it has one. An attention that
-  approximates another operator than softmax (it defines `target_pair(q, k, mask) → (T, T̂)`, as the
-  training-time diagnostics expect — e.g. the spectral mixer's tanh affinity and its Nyström estimate) is
-  scored on that pair instead, and says so (`target: own`).
+* `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström minus the
+  conv skip, which is not part of Â) at each m, under each core solve of `solves` (`SOLVES`): `training` (the
+  operator's own, in fp32 as in training), `stable` (`models.attention.numerics.stable_pinv` in fp64: exact when
+  the landmarks determine A) and optionally `oracle` (`oracle_matrix`). The same seed gives the same landmarks
+  under each, so they are paired;
+* `attention`: every registered attention except `full`, at its paper defaults with its own default selector, m
+  swept through its landmark-count field when it has one. One that approximates another operator than softmax
+  (`target_pair(q, k, mask) → (T, T̂)`, as the training-time diagnostics expect: the spectral mixer's tanh
+  affinity) is scored on that pair instead, and says so (`target: own`).
 """
 
 from __future__ import annotations
@@ -55,13 +49,6 @@ class Method:
 SOLVES = {"training": None, "stable": "stable", "oracle": None}
 
 
-def check_solves(solves: list[str]) -> list[str]:
-    bad = [s for s in solves if s not in SOLVES]
-    if bad or not solves:
-        raise ValueError(f"approx.solves={solves}: expected a non-empty list of {', '.join(SOLVES)}")
-    return list(solves)
-
-
 def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Method]:
     """Selector group (every registered selector, or the configured list) and attention group."""
     out: list[Method] = []
@@ -69,7 +56,9 @@ def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Met
     op_params = {**attn_params(op, context), **dict(settings.get("operator_params") or {})}
     op_key = ATTENTIONS.get(op).rank_knob  # the knob m sets (num_landmarks, …): the attention says which
     sels = SELECTORS.names() if settings["selectors"] in ("all", None) else list(settings["selectors"])
-    solves = check_solves(list(settings.get("solves") or ["training"]))
+    solves = list(settings.get("solves") or ["training"])
+    if any(s not in SOLVES for s in solves):
+        raise ValueError(f"approx.solves={solves}: expected a non-empty list of {', '.join(SOLVES)}")
     if any(SOLVES[s] for s in solves) and "pinv" not in op_params:
         raise ValueError(f"approx.operator={op!r} has no `pinv` field, so approx.solves={solves} cannot apply")
     for solve in solves:
@@ -154,11 +143,6 @@ def describe_input(inst: Instance, ms: list[int], tol: float, with_ranks: bool) 
     return info, (a, sigma, norm_a)
 
 
-def precision(method: Method) -> torch.dtype:
-    """fp32 for the training solve (what training runs), fp64 for the stable reference and the oracle."""
-    return torch.float32 if method.solve == "training" else torch.float64
-
-
 def oracle_matrix(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """C (C⁺ A R⁺) R: the smallest ‖A − C U R‖_F over every middle matrix U, for the Nyström factors C (n×m) and
     R (m×n) the selector's landmarks give (fp64). What the landmarks allow, whatever the core solve; it uses A,
@@ -185,7 +169,8 @@ def evaluate(
     rows = []
     for seed in seeds:
         for method in methods:
-            dtype = precision(method)
+            # the training solve in fp32, as training runs it; the stable reference and the oracle in fp64
+            dtype = torch.float32 if method.solve == "training" else torch.float64
             q_in, k_in = inst.q.to(dtype)[None, None], inst.k.to(dtype)[None, None]
             for m in ms if method.m_key else [None]:
                 if m is not None and m > n:

@@ -137,14 +137,6 @@ def paired_reduction(
     return out
 
 
-def _claim_band(value: float, lo: float, hi: float) -> str:
-    if value < lo:
-        return "below the claimed band"
-    if value > hi:
-        return "above the claimed band"
-    return "within the claimed band"
-
-
 def _ms(values: list[Any]) -> str:
     return "m=" + ",".join(str(m) for m in values)
 
@@ -169,7 +161,7 @@ def kmeans_by_source(red: list[dict[str, Any]], lo: float, hi: float, beta: dict
                 mean_reduction=mean,
                 min_reduction=min(r["reduction_median"] for r in measured),
                 max_reduction=max(r["reduction_median"] for r in measured),
-                band=_claim_band(mean, lo, hi),
+                band=f"{'below' if mean < lo else 'above' if mean > hi else 'within'} the claimed band",
                 reached_m=[r["m"] for r in measured if r["reduction_median"] >= lo],
                 worse_m=[r["m"] for r in measured if r["reduction_median"] < 0],
                 best_m=best["m"],
@@ -330,7 +322,7 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
     return {"claim": "floor_ratio", "verdict": text, "rows": table}
 
 
-def verdict_rank(inputs: list[dict[str, Any]], d_model: int | None = None) -> dict[str, Any]:
+def verdict_rank(inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """Polynomial (d): numerical and stable rank of exp(QKᵀ/√d) against a degree-2 polynomial kernel."""
     acc: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     ns: dict[str, list[int]] = defaultdict(list)
@@ -359,12 +351,10 @@ def verdict_rank(inputs: list[dict[str, Any]], d_model: int | None = None) -> di
         rows.append(row)
     if not rows:
         return {"claim": "poly_rank", "verdict": "not measured", "rows": []}
+    informative = [r for r in rows if r["n"] > r["bound_poly2"]]
     parts = []
-    informative = []
     for r in rows:
         note = "" if r["n"] > r["bound_poly2"] else " (n ≤ the degree-2 bound: uninformative)"
-        if r["n"] > r["bound_poly2"]:
-            informative.append(r)
         parts.append(
             f"{r['source']} (n={r['n']:.0f}): exp {r['exp_numerical_rank']:.0f} (stable {r['exp_stable_rank']:.2f}), "
             f"softmax {r['softmax_numerical_rank']:.0f} (stable {r['softmax_stable_rank']:.2f}), "

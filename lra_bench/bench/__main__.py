@@ -45,11 +45,6 @@ MEMORY_NOTE = {
 }
 
 
-def command_line() -> str:
-    overrides = HydraConfig.get().overrides.task
-    return " ".join(["python -m lra_bench.bench", *overrides])
-
-
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -86,7 +81,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     data: dict[str, Any] = {
         "schema_version": 1,
         "app": "lra_bench.bench",
-        "command": command_line(),
+        "command": " ".join(["python -m lra_bench.bench", *HydraConfig.get().overrides.task]),
         "started_at": started,
         "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "output_dir": str(output_dir),

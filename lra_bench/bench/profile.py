@@ -30,7 +30,7 @@ def profile_spec(spec: dict[str, Any], mode: str, steps: int = 2, top: int = 12)
     with profile(activities=activities) as prof:
         for _ in range(steps):
             worker._call(module, mode, *tensors)
-            worker._sync(device)
+            worker.sync(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, key) for e in events) or 1.0
@@ -56,12 +56,5 @@ def profile_spec(spec: dict[str, Any], mode: str, steps: int = 2, top: int = 12)
 
 def auto_labels(summary: dict[str, Any], rows: list[dict[str, Any]], first_m: Any) -> list[str]:
     """In-scope variants at the first landmark count that miss at least one target."""
-    failing = set()
-    for t in summary["targets"]:
-        for name in t.get("failing", []):
-            failing.add(name.split(" n=")[0])
-    labels = []
-    for r in rows:
-        if r["label"] in failing and str(r.get("m")) == str(first_m) and r["label"] not in labels:
-            labels.append(r["label"])
-    return labels
+    failing = {name.split(" n=")[0] for t in summary["targets"] for name in t.get("failing", [])}
+    return list(dict.fromkeys(r["label"] for r in rows if r["label"] in failing and str(r.get("m")) == str(first_m)))

@@ -27,10 +27,6 @@ def _labels(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(r["label"] for r in rows))
 
 
-def _index(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
-    return {(r["label"], r["mode"], r["n"]): r for r in rows}
-
-
 def in_scope(row: dict[str, Any], scope: str = "landmark") -> bool:
     """The methods the targets are about: `landmark` = registry attentions swept over m (a landmark count);
     `efficient` = every registry attention other than exact `full`."""
@@ -43,42 +39,30 @@ def speedups(rows: list[dict[str, Any]], baseline: str = "full") -> list[dict[st
     """t(baseline)/t(method) at each (mode, n) where both ran."""
     ok = _ok(rows)
     base = {(r["mode"], r["n"]): r["time_median_s"] for r in ok if r["label"] == baseline}
-    out = []
-    for r in ok:
-        if r["label"] == baseline or (r["mode"], r["n"]) not in base:
-            continue
-        out.append(
-            {
-                "label": r["label"],
-                "mode": r["mode"],
-                "n": r["n"],
-                "speedup": base[(r["mode"], r["n"])] / r["time_median_s"],
-            }
-        )
-    return out
+    return [
+        {"label": r["label"], "mode": r["mode"], "n": r["n"], "speedup": base[(r["mode"], r["n"])] / r["time_median_s"]}
+        for r in ok
+        if r["label"] != baseline and (r["mode"], r["n"]) in base
+    ]
 
 
 def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str, Any]]:
     """t(num)/t(den), each with its own default selector, at equal m, per (mode, n)."""
     ok = [r for r in _ok(rows) if r.get("default_selector", True)]
-    den_t = {(r["mode"], r["n"], str(r["m"])): (r["time_median_s"], r["label"]) for r in ok if r["attn"] == den}
-    out = []
-    for r in ok:
-        key = (r["mode"], r["n"], str(r["m"]))
-        if r["attn"] != num or key not in den_t:
-            continue
-        t_den, den_label = den_t[key]
-        out.append(
-            {
-                "num": r["label"],
-                "den": den_label,
-                "mode": r["mode"],
-                "n": r["n"],
-                "m": r["m"],
-                "ratio": r["time_median_s"] / t_den,
-            }
-        )
-    return out
+    den_rows = {(r["mode"], r["n"], str(r["m"])): r for r in ok if r["attn"] == den}
+    pairs = [(r, den_rows.get((r["mode"], r["n"], str(r["m"])))) for r in ok if r["attn"] == num]
+    return [
+        {
+            "num": r["label"],
+            "den": d["label"],
+            "mode": r["mode"],
+            "n": r["n"],
+            "m": r["m"],
+            "ratio": r["time_median_s"] / d["time_median_s"],
+        }
+        for r, d in pairs
+        if d is not None
+    ]
 
 
 def slopes(rows: list[dict[str, Any]], lo: int, hi: int, scope: str = "landmark") -> list[dict[str, Any]]:
@@ -144,13 +128,8 @@ def targets(rows: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, 
     if spec.get("matmul_rate_fraction_min") is not None:
         n = int(spec.get("rate_n", 16384))
         need = float(spec["matmul_rate_fraction_min"])
-        got = {
-            lab: next(
-                (r.get("rate_fraction") for r in _ok(rows) if r["label"] == lab and r["n"] == n and r["mode"] == mode),
-                None,
-            )
-            for lab in labels_eff
-        }
+        rate = {r["label"]: r.get("rate_fraction") for r in reversed(_ok(rows)) if r["n"] == n and r["mode"] == mode}
+        got = {lab: rate.get(lab) for lab in labels_eff}
         out.append(
             _verdict(
                 f"achieved rate / matmul rate at n={n} ({mode})", f"≥ {need:.0%}", got, lambda x: x >= need, "{:.1%}"
@@ -229,13 +208,9 @@ def _cell_status(r: dict[str, Any] | None) -> str | None:
 
 def _method_by_n_table(labels, ns, idx, mode, cell) -> list[str]:
     """One row per method, one column per n; a cell is `cell(record)` or the record's skip/error status."""
-    body = []
-    for lab in labels:
-        row = []
-        for n in ns:
-            r = idx.get((lab, mode, n))
-            row.append(_cell_status(r) or cell(r))
-        body.append([f"`{lab}`", *row])
+    body = [
+        [f"`{lab}`", *[_cell_status(idx.get((lab, mode, n))) or cell(idx[lab, mode, n]) for n in ns]] for lab in labels
+    ]
     return table(["method", *[f"n={n}" for n in ns]], body)
 
 
@@ -352,7 +327,7 @@ SLOPE_HEADER = (
 def _mode_lines(data: dict[str, Any], mode: str, h: str, img_dir: str) -> list[str]:
     """One mode's section: time and memory by method and n, speed-ups, the pair ratio, slopes, and its plots."""
     rows, summ, s = data["rows"], data["summary"], data["settings"]
-    idx = _index(rows)
+    idx = {(r["label"], r["mode"], r["n"]): r for r in rows}
     ns = sorted({r["n"] for r in rows})
     labels = _labels(rows)
     out = ["", f"{h}# {MODE_TITLE[mode]}", ""]

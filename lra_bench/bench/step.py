@@ -3,39 +3,27 @@
 The attention sweep (`python -m lra_bench.bench`) times one operator; what a reproduction waits for is the whole
 protocol: the run's own network (built from the composed config, as `run.py` builds it), its loss, backward and
 AdamW step with the protocol's schedule, plus the evaluation passes the schedule interleaves. Per attention this
-reports
-
-* `step_s`: the median wall time of one training step (forward, loss, backward, optimizer), after warm-up steps;
-* `eval_batch_s`: one evaluation batch (`eval()`, no grad) at the protocol's evaluation batch size;
-* `flops_step`: the step's FLOPs counted by `torch.utils.flop_counter.FlopCounterMode` (matmuls, convolutions,
-  SDPA: the work a limit can be computed for) — except a grouped convolution's backward, which torch's formula
-  counts as a dense one (38 GFLOPs instead of 1.2 for the kernel-35 depthwise skip on V); it is counted as twice
-  its forward (input and weight gradients) — and `limit_s`: those FLOPs at the machine's fp32 matmul rate,
-  measured in the same process between the steps (`lra_bench.bench.machine.matmul_yardstick` takes its turn in every
-  round, so under a changing load rate and steps see the same machine) — `step_s / limit_s` is how far the step is
-  from that limit (1.0: every FLOP at the best matmul rate);
-* `protocol_h`: the projected wall time of the whole schedule — `max_steps` steps plus
-  `max_steps / val_check_interval` evaluations of `limit_val_batches` batches (the test pass is left out: one pass).
+reports `step_s` (median wall time of one training step after warm-up), `eval_batch_s` (one evaluation batch at the
+protocol's evaluation batch size), `flops_step` (`counted_flops`), `limit_s` (those FLOPs at the fp32 matmul rate
+measured between the steps, `time_side_by_side`; `step_s / limit_s` = 1.0: every FLOP at the best matmul rate) and
+`protocol_h` (`max_steps` steps plus `max_steps / val_check_interval` evaluations of `limit_val_batches` batches; the
+one test pass left out).
 
 Inputs are random tokens with each example's length drawn uniformly from the task's generated range (ListOps:
-500–2000 of 2048), so the padding mask is what the real data gives. Load matters on a shared machine: the report
-states the 1-minute load average before and after; compare runs only side by side in one invocation.
-`--kernels fused eager` times each attention on both paths in that one process: `model.kernels` (the encoder's
-compiled chain) and, for an attention that has a compiled core of its own, `attn.kernel` (an override on the command
-line wins: `attn.kernel=fused --attn full --kernels fused eager` compares the encoder's chain alone). The variants of
-one attention (its kernels, its dropouts) are timed round-robin, step by step, so a load that changes while they run
-falls on each of them alike.
+500–2000 of 2048), so the padding mask is what the real data gives. Load matters on a shared machine: each row states
+the 1-minute load average; compare variants only side by side in one invocation (`--kernels fused eager`, `--dropout
+packed native`: the variants of one attention are timed round-robin).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -53,6 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdp
 
 from lra_bench import runtime
 from lra_bench.bench.machine import matmul_yardstick, resolve_device
+from lra_bench.bench.worker import timed
 from lra_bench.config.compose import compose_config
 from lra_bench.config.conformance import derive_run_keys
 from lra_bench.kit.plain import plain_dict
@@ -128,16 +117,10 @@ def autocast(precision: str, device: torch.device) -> Any:
     return torch.autocast(device.type, enabled=False)
 
 
-_SDPA_CPU_REGISTERED = False
-
-
+@functools.cache  # registered once per process
 def count_cpu_sdpa() -> None:
     """Teach `FlopCounterMode` the CPU flash-attention kernels SDPA dispatches to (torch counts only the CUDA
     ones, so exact attention's n² products went uncounted on a CPU), with torch's own SDPA formulas."""
-    global _SDPA_CPU_REGISTERED
-    if _SDPA_CPU_REGISTERED:
-        return
-
     aten = torch.ops.aten
 
     @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu, get_raw=True)
@@ -148,20 +131,15 @@ def count_cpu_sdpa() -> None:
     def _backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
         return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
 
-    _SDPA_CPU_REGISTERED = True
-
 
 def counted_flops(counts: dict[Any, int]) -> float:
-    """Total FLOPs of one step with a grouped convolution's backward counted as twice its forward."""
+    """FLOPs of one step (matmuls, convolutions, SDPA: the work a limit can be computed for), a grouped convolution's
+    backward counted as twice its forward (input and weight gradients): torch's formula counts it as a dense one, 38
+    GFLOPs instead of 1.2 for the kernel-35 depthwise skip on V."""
     by_name = {str(op).split(".")[-1]: float(n) for op, n in counts.items()}
     if "convolution_backward" in by_name:
         by_name["convolution_backward"] = 2.0 * by_name.get("convolution", 0.0)
     return sum(by_name.values())
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _network(cfg: Any, device: torch.device, dropout: str) -> torch.nn.Module:
@@ -279,18 +257,14 @@ def time_side_by_side(
 def _round_robin(
     calls: list[Callable[[int], None]], warmup: int, count: int, device: torch.device
 ) -> list[list[float]]:
-    """Wall-clock seconds of `calls[k](i)` for i = warmup … warmup + count − 1, after `warmup` untimed rounds, the
-    calls interleaved (round i calls each of them once), each bracketed by a device sync (so a GPU's queued work is
-    counted in the call that queued it)."""
+    """Wall-clock seconds (`timed`) of `calls[k](i)` for i = warmup … warmup + count − 1, after `warmup` untimed
+    rounds, the calls interleaved (round i calls each of them once)."""
     times: list[list[float]] = [[] for _ in calls]
     for i in range(warmup + count):
         for k, call in enumerate(calls):
-            sync(device)
-            start = time.perf_counter()
-            call(i)
-            sync(device)
+            elapsed = timed(device, call, i)
             if i >= warmup:
-                times[k].append(time.perf_counter() - start)
+                times[k].append(elapsed)
     return times
 
 
@@ -345,7 +319,9 @@ def time_protocol(
 
 def kernel_overrides(attn: str, kernel: str | None) -> list[str]:
     """The overrides that run `attn` on the `kernel` path (`fused` or `eager`): the encoder's `model.kernels`, and
-    `attn.kernel` where the attention has a compiled core of its own; none for None (the config's choices)."""
+    `attn.kernel` where the attention has a compiled core of its own; none for None (the config's choices). An
+    override given on the command line wins: `attn.kernel=fused --attn full --kernels fused eager` compares the
+    encoder's chain alone."""
     if kernel is None:
         return []
     own = "kernel" in {f.name for f in fields(ATTENTIONS.config(attn))}

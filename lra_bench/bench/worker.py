@@ -65,9 +65,19 @@ def _place(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) ->
     return module.to(device=device, dtype=dtype)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, call: Any, *args: Any) -> float:
+    """Wall-clock seconds of `call(*args)`, bracketed by device syncs (a GPU's queued work counts in the call that
+    queued it)."""
+    sync(device)
+    start = time.perf_counter()
+    call(*args)
+    sync(device)
+    return time.perf_counter() - start
 
 
 def _call(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> None:
@@ -116,23 +126,14 @@ def time_mode(spec: dict[str, Any], module, mode: str, device: torch.device, ten
     t0 = time.perf_counter()
     first = None
     for _ in range(max(1, int(spec["warmup"]))):
-        _sync(device)
-        s = time.perf_counter()
-        _call(module, mode, *tensors)
-        _sync(device)
-        first = first if first is not None else time.perf_counter() - s
+        elapsed = timed(device, _call, module, mode, *tensors)
+        first = first if first is not None else elapsed
         if time.perf_counter() - t0 > float(spec["max_warmup_s"]):
             break
     times: list[float] = []
-    spent = 0.0
     for _ in range(int(spec["repeats"])):
-        _sync(device)
-        s = time.perf_counter()
-        _call(module, mode, *tensors)
-        _sync(device)
-        times.append(time.perf_counter() - s)
-        spent += times[-1]
-        if len(times) >= int(spec["min_repeats"]) and spent > float(spec["max_time_s"]):
+        times.append(timed(device, _call, module, mode, *tensors))
+        if len(times) >= int(spec["min_repeats"]) and sum(times) > float(spec["max_time_s"]):
             break
     peak, baseline, method = meter.stop()
     stats = summarize(times)

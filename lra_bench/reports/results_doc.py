@@ -1,13 +1,11 @@
-"""`python -m lra_bench.reports.results_doc` — render docs/results.md from a bench run and an approx run
-(`make results`) (and, with `--spt DIR`, the self-pretraining study's section from `DIR/spt_study.json`; with
-`--locality DIR`, the locality study's from `DIR/locality.json`; with `--step FILE`, the training step's).
+"""`python -m lra_bench.reports.results_doc` — render docs/results.md from a bench and an approx run (`make results`);
+`--spt`, `--locality`, `--step`: those studies' sections (`sections`).
 
-Every number in the document is read from `bench.json` / `approx.json` and formatted by code; the verdicts are
-computed. Rerun instead of editing. The page is what a person reads in five minutes (at most PAGE_LINES lines):
-each target and claim one line with its verdict and the figure that decides it (`standing`, `claims`), every
-ratio printed by the one rule of `kit.numbers.ratio_text`. The full tables go beside it, not into it (`TABLES_DIR`):
-each app's own markdown (bench.md, approx.md: every table, for reading), every timed configuration and every
-approximation evaluation as CSV, both inputs as JSON (summaries recomputed), and the plots in `img/`.
+Every number is read from `bench.json` / `approx.json` and formatted by code; the verdicts are computed: rerun
+instead of editing. The page is what a person reads in five minutes (at most PAGE_LINES lines): each target and claim
+one line with its verdict and deciding figure (`standing`, `claims`), every ratio by `kit.numbers.ratio_text`. The
+full tables go beside it (`TABLES_DIR`): each app's own markdown, every row as CSV, both inputs as JSON (summaries
+recomputed), and the plots in `img/`.
 """
 
 from __future__ import annotations

@@ -41,13 +41,16 @@ def with_section(text: str, name: str, body: str) -> str:
     return text.rstrip("\n") + "\n\n" + section
 
 
+def _rendered_from(name: str, flag: str) -> str:
+    """The note above a study's section: the file and the command it is rendered from."""
+    return (
+        f"> Rendered from each study's `{name}` by `python -m lra_bench.reports.results_doc {flag} DIR [{flag} DIR …]`."
+    )
+
+
 def spt_body(studies: list[dict[str, Any]]) -> str:
     body = "\n".join(spt_markdown(study, h="##") for study in studies)
-    note = (
-        "> Rendered from each study's `spt_study.json` by "
-        "`python -m lra_bench.reports.results_doc --spt DIR [--spt DIR …]`."
-    )
-    return f"{note}\n\n{body}"
+    return _rendered_from("spt_study.json", "--spt") + "\n\n" + body
 
 
 def locality_body(folders: list[Path], img_dir: Path) -> str:
@@ -63,18 +66,14 @@ def locality_body(folders: list[Path], img_dir: Path) -> str:
             shutil.copy2(folder / study["plot"], img_dir / name)
             study["plot"] = name
         parts.append(locality_markdown(study, h="##", img_dir=img_dir.name))
-    note = (
-        "> Rendered from each study's `locality.json` by "
-        "`python -m lra_bench.reports.results_doc --locality DIR [--locality DIR …]`."
-    )
-    return note + "\n\n" + "\n".join(parts)
+    return _rendered_from("locality.json", "--locality") + "\n\n" + "\n".join(parts)
 
 
 #: the step measurements' rows, every run, beside the page (relative to its tables folder)
 STEP_CSV = "train_step.csv"
 
 
-def step_body(runs: list[dict[str, Any]], tables: str | None = None) -> str:
+def step_body(runs: list[dict[str, Any]], tables: str) -> str:
     """The training step of `python -m lra_bench.bench.step --json FILE` runs: the first (newest) run's table
     with its conditions, each other run one line (its step / limit per attention); `tables`, the folder the
     CSV of every row went to, is linked."""
@@ -101,8 +100,7 @@ def step_body(runs: list[dict[str, Any]], tables: str | None = None) -> str:
             for r in run["rows"]
         )
         lines.append(f"- {run['title']}: {figures}")
-    if tables:
-        lines += ["", f"Every row of every measurement: [`{tables}/{STEP_CSV}`]({tables}/{STEP_CSV})."]
+    lines += ["", f"Every row of every measurement: [`{tables}/{STEP_CSV}`]({tables}/{STEP_CSV})."]
     return "\n".join(lines)
 
 

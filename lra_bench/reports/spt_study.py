@@ -1,17 +1,12 @@
 """`python -m lra_bench.reports.spt_study --out DIR` — scratch vs self-pretraining at equal total steps, measured.
 
-For each attention and seed it runs two arms through run.py, one after the other (the CPUs are shared):
-
-* scratch: `trainer.max_steps=T` on the labels;
-* spt:     `experiment=spt/listops` with `spt.pretrain.trainer.max_steps=P` and `trainer.max_steps=T−P`,
-           i.e. P masked-token steps on the training inputs, then T−P fine-tuning steps — the same T optimizer steps.
-
-The task is a small generated ListOps (short sequences, few labelled training examples: the regime where Amos et
-al., ICLR 2024, §3.4, report the largest gains from self-pretraining) and the model the harness's 2-layer, dim-64
-Nyströmformer-protocol encoder. `DIR/spt_study.json` holds every run's numbers (read from its `results.json`), the
-commands, wall-clock and `uptime` load before/after; `DIR/spt_study.md` is the rendered table, and
-`python -m lra_bench.reports.results_doc --spt DIR` puts the same section into docs/results.md. Runs live in `DIR/runs`
-under fixed names, so rerunning the study resumes unfinished runs and re-reads finished ones.
+For each attention and seed two arms run through run.py, one after the other (the CPUs are shared): scratch
+(`trainer.max_steps=T` on the labels) and spt (`experiment=spt/listops`: P masked-token steps on the training inputs,
+then T−P fine-tuning steps — the same T optimizer steps). The task is a small generated ListOps (few labelled
+examples: the regime where Amos et al., ICLR 2024, §3.4, report the largest gains from self-pretraining), the model
+the harness's 2-layer, dim-64 encoder. `DIR/spt_study.json` holds every run's numbers (from its `results.json`), the
+commands, wall-clock and `uptime` before/after; `DIR/spt_study.md` the table (`results_doc --spt DIR` puts it into
+docs/results.md). Runs live in `DIR/runs` under fixed names, so a rerun resumes unfinished runs and re-reads the rest.
 """
 
 from __future__ import annotations
