@@ -363,6 +363,16 @@ def test_leaderboard_keeps_spt_rows_apart_and_pretraining_runs_out(tmp_path: Pat
 
 
 # -- the study's numbers and its section in docs/results.md ----------------------------------------------------
+def test_the_studies_start_run_py_where_it_lies() -> None:
+    """The spt and locality studies run `python run.py …` in their repository folder (the spt study once ran it in
+    lra_bench/, where there is no run.py: every arm failed before it trained)."""
+    from lra_bench.locality import runs
+    from lra_bench.reports import spt_study
+
+    for study in (spt_study, runs):
+        assert (study.REPO / "run.py").is_file(), study.__name__
+
+
 def test_study_summary_and_results_section() -> None:
     from lra_bench.reports.results_doc import keep_section, markers, spt_body, with_section
     from lra_bench.reports.spt_study import render_markdown, summarize

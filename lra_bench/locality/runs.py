@@ -21,8 +21,8 @@ from lra_bench.diagnostics import LOCALITY_KEYS
 from lra_bench.locality.settings import Settings, SettingsError
 from lra_bench.record import results
 from lra_bench.record.reader import ReadRecord, read
+from lra_bench.reproduction_runs import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 #: identity keys that may differ between the study's runs (what it varies), by prefix
 VARIED = ("attn", "selector", "seed")
 EXIT_BAD_INPUT = 2

@@ -25,9 +25,9 @@ from typing import Any
 from lra_bench.kit.markdown import table
 from lra_bench.record.provenance import environment
 from lra_bench.record.reader import lookup, read
+from lra_bench.reproduction_runs import REPO
 from lra_bench.runtime import uptime
 
-REPO = Path(__file__).resolve().parents[1]
 #: the small ListOps of the study (few labels; everything else is the harness's normal path)
 TASK = [
     "task=listops",
