@@ -57,14 +57,10 @@ def _evidence(result: PairedResult, ci: tuple[float, float] | None, level: float
     return ", ".join(parts)
 
 
-def decisive_p(result: PairedResult, adjusted: Adjustment | None = None) -> float | None:
-    """The p the verdict decides on: the adjusted one when the result is one of several tests."""
-    return adjusted.p if adjusted is not None else result.p
-
-
 def significant(result: PairedResult, alpha: float = 0.05, adjusted: Adjustment | None = None) -> bool:
-    """`core.significant` for one result: p (adjusted, when given) < alpha and the interval excludes 0."""
-    p = decisive_p(result, adjusted)
+    """`core.significant` for one result: p (adjusted, when given: the result is one of several tests) < alpha
+    and the interval excludes 0."""
+    p = adjusted.p if adjusted is not None else result.p
     if p is None:
         return False
     low, high = result.ci if result.ci is not None else (math.nan, math.nan)
