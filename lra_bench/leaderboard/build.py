@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lra_bench.kit.figures import save_figure
 from lra_bench.kit.terminal import table_console
 from lra_bench.leaderboard import aggregate as data
 from lra_bench.leaderboard import locality, pareto, reproduced, uncertainty, wandb_log
@@ -33,7 +34,7 @@ def _task_plots(rows: list[dict], out: Path) -> list[Path]:
     paths = []
     for task in sorted({r["task"] for r in rows}, key=data.task_order):
         task_rows = [r for r in rows if r["task"] == task]
-        paths.append(render.plot_task(out / f"leaderboard_{task}.png", task, task_rows))
+        paths.append(save_figure(render.task_figure(task, task_rows), out / f"leaderboard_{task}.png", tight=False))
     return paths
 
 

@@ -169,11 +169,6 @@ def average_charts(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]
     return [charts[k] for k in sorted(charts)]
 
 
-def plot(chart: Chart, path: Path) -> Path:
-    """The bubble chart (`chart_figure`) as a PNG."""
-    return save_figure(chart_figure(chart), path, tight=False)
-
-
 def chart_figure(chart: Chart) -> Figure:
     """Bubble chart with the frontier as a step line (matplotlib Agg, no global pyplot state); its error bars are
     the leaderboard's intervals (`uncertainty.ERROR_BARS`), as the per-task plots' are."""
@@ -240,7 +235,8 @@ def build_charts(
     for chart in charts:
         mark_frontier(chart.points)
         if plots:
-            chart.path = plot(chart, Path(out_dir) / f"leaderboard_pareto_{_slug(chart.protocol)}_{chart.target}.png")
+            path = Path(out_dir) / f"leaderboard_pareto_{_slug(chart.protocol)}_{chart.target}.png"
+            chart.path = save_figure(chart_figure(chart), path, tight=False)
     return charts, notes
 
 

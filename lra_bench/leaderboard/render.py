@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lra_bench.diagnostics import LOCALITY_WINDOWS
-from lra_bench.kit.figures import agg_figure, save_figure
+from lra_bench.kit.figures import agg_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
@@ -71,6 +71,8 @@ WIDE_COLUMNS = (
 )
 AVG5_LABEL = "Avg-5"
 AVG6_LABEL = "Avg-6 (Path-X ✗=50)"
+#: the summary tables' score columns, in `_wide_cells`' order
+SCORE_HEADER = (*(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL)
 CONVENTIONS = (
     f"**{AVG5_LABEL}** = mean test accuracy over ListOps, Text, Retrieval, Image, Pathfinder (LRA paper "
     f"convention). **{AVG6_LABEL}** = mean over all six tasks with Path-X failed or not run counted as 50 "
@@ -114,13 +116,8 @@ def _wide_cells(row: dict[str, Any]) -> list[str]:
     return [*cells, _num(row.get("avg5")), avg6]
 
 
-def _mark(row: dict[str, Any]) -> str:
-    """The mark of a row of ours not known to follow its protocol (`experiments.MARKS`; "" for a published row)."""
-    return experiments.MARKS.get(str(row.get("conformance")), "")
-
-
 def _method_cell(row: dict[str, Any]) -> str:
-    return f"{row['method']}{row.get('flag') or ''}{_mark(row)}"
+    return f"{row['method']}{row.get('flag') or ''}{experiments.mark(row.get('conformance'))}"
 
 
 def _kept(row: dict[str, Any]) -> str:
@@ -170,7 +167,7 @@ GROUP_TABLE: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
 
 
 def _wide_table(rows: Sequence[dict[str, Any]], deviations: bool = False) -> list[str]:
-    header = ["method", "source", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+    header = ["method", "source", *SCORE_HEADER]
     header += ["changed from the protocol"] if deviations else []
     body = []
     for row in rows:
@@ -200,6 +197,12 @@ def _intro_lines(dirs: Sequence[str], n_files: int) -> list[str]:
     ]
 
 
+def _kept_and_apart(rows: Sequence[dict[str, Any]], protocol: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A protocol's rows that kept it (shown beside its published rows, ranked) and the others (shown apart)."""
+    mine = [r for r in rows if str(r["protocol"]) == protocol]
+    return [r for r in mine if r.get("conformance") == "on"], [r for r in mine if r.get("conformance") != "on"]
+
+
 def _protocol_lines(
     protocol: str,
     mine: Sequence[dict[str, Any]],
@@ -208,8 +211,7 @@ def _protocol_lines(
 ) -> list[str]:
     """One protocol's summary: our on-protocol rows beside the published ones, its reproductions' verdicts, and
     the off-protocol runs in a table of their own."""
-    ours = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") == "on"]
-    apart = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
+    ours, apart = _kept_and_apart(mine, protocol)
     beside = [r for r in published if str(r["protocol"]) == protocol]
     out = [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
     out += reproduction_block(protocol, reproductions)
@@ -320,14 +322,10 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]
     return path
 
 
-def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
-    """Test accuracy against peak memory and against step time for one task (`task_figure`), as a PNG."""
-    return save_figure(task_figure(task, rows), path, tight=False)
-
-
 def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:
-    """One point per group; the error bars are the leaderboard's 95% intervals (`uncertainty`), the same as the
-    Pareto charts', and the title says so; the legend sits beside the axes, so it hides no point."""
+    """Test accuracy against peak memory and against step time for one task, one point per group; the error bars
+    are the leaderboard's 95% intervals (`uncertainty`), the same as the Pareto charts', and the title says so; the
+    legend sits beside the axes, so it hides no point."""
     fig = agg_figure(figsize=(13, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
     panels = (("peak_memory_mib", "peak memory (MiB)"), ("step_time_median_ms", "median step time (ms)"))
@@ -338,7 +336,7 @@ def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:
             label += f" m={r['rank_budget']}" if r["rank_budget"] is not None else ""
             label += f" w={r['window']}" if r.get("window") is not None else ""
             label += f" +SPT({r['pretraining']})" if r.get("pretraining") not in (None, "none") else ""
-            label += f" [{r['protocol']}]" + _mark(r)
+            label += f" [{r['protocol']}]" + experiments.mark(r.get("conformance"))
             label += f" {experiments.short_variant(r.get('variant'))}" if r.get("variant") else ""
             mean, low, high = r["test_acc_mean"], r.get("test_acc_ci_low"), r.get("test_acc_ci_high")
             error = None if low is None else [[mean - low], [high - mean]]
@@ -367,7 +365,7 @@ def _interval_cell(row: dict[str, Any], key: str, rank_key: str) -> str:
 
 
 def _interval_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    header = ["method", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+    header = ["method", *SCORE_HEADER]
     body = [
         [
             r["method"] + experiments.mark(r.get("conformance")),
@@ -400,9 +398,7 @@ def uncertainty_section(wide: Sequence[dict[str, Any]]) -> list[str]:
         "",
     ]
     for protocol in sorted({str(r["protocol"]) for r in ours}):
-        mine = [r for r in ours if str(r["protocol"]) == protocol]
-        ranked = [r for r in mine if r.get("conformance") == uncertainty.RANKED]
-        apart = [r for r in mine if r.get("conformance") != uncertainty.RANKED]
+        ranked, apart = _kept_and_apart(ours, protocol)
         out += [f"### protocol: {protocol}", ""]
         out += [*_interval_table(ranked), ""] if ranked else ["(no on-protocol rows: nothing ranked)", ""]
         if apart:
@@ -466,7 +462,7 @@ def variant_legend(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def _rich_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
     cells = {id(row): _wide_cells(row) for row in rows}
-    columns = [*(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+    columns = [*SCORE_HEADER]
     kept = [i for i in range(len(columns)) if any(cells[id(row)][i] != "—" for row in rows)]
     table = Table(title=title, title_justify="left", title_style="bold", header_style="bold")
     table.add_column("method")
@@ -487,12 +483,10 @@ def print_summary(wide: Sequence[dict[str, Any]], published: Sequence[dict[str, 
     """One table per protocol of our runs: ours on protocol and the protocol's published rows, then ours apart."""
     protocols = sorted({str(r["protocol"]) for r in wide if r.get("kind") == "ours"})
     for protocol in protocols:
-        ours = [r for r in wide if r.get("kind") == "ours" and str(r["protocol"]) == protocol]
-        comparable = [r for r in ours if r.get("conformance") == "on"]
+        comparable, apart = _kept_and_apart([r for r in wide if r.get("kind") == "ours"], protocol)
         beside = [r for r in published if str(r["protocol"]) == protocol]
         if comparable or beside:
             console.print(_rich_table(f"protocol {protocol}: test accuracy (%)", [*comparable, *beside]))
-        apart = [r for r in ours if r.get("conformance") != "on"]
         if apart:
             title = f"protocol {protocol}: not comparable with its published rows (⚠ changed the protocol)"
             console.print(_rich_table(title, apart))

@@ -1,20 +1,17 @@
 """Do our runs reproduce a published number? One verdict per published number, from our seeds' t-interval.
 
-An equivalence reading, as the claims of `docs/reproductions.md` are read (the four verdicts: `verdict_from_interval`;
-how the page states them: `render.reproduction_block`):
-* the interval is our seeds' 95% Student-t interval of the mean (n ≥ 2), the one the rest of the leaderboard shows
-  (`lra_bench.stats.summary.t_interval`): with the 2–5 seeds LRA runs have it is exact for normal seed effects, where
-  a bootstrap over seeds is too narrow (see that module);
-* the margin `MARGIN_PP` is the noise the published number carries itself: it is one run scored on one test set, and
-  a single accuracy near 37% on ListOps' 2,000 test sequences has a 95% binomial half-width of 2.1 pp, so a
-  difference inside ±2 pp is not one the published number can show;
+An equivalence reading, as the claims of `docs/reproductions.md` are read (the verdicts: `verdict_from_interval`):
+* the interval is our seeds' 95% Student-t interval of the mean, the one the rest of the leaderboard shows: with
+  the 2–5 seeds LRA runs have it is exact for normal seed effects, where a bootstrap over seeds is too narrow
+  (`lra_bench.stats.summary`); one seed has none, and its number alone says nothing about seed noise;
+* the margin `MARGIN_PP` is the noise the published number carries itself: one run scored on one test set (an
+  accuracy near 37% on ListOps' 2,000 test sequences has a 95% binomial half-width of 2.1 pp);
 * "cannot tell" when the interval holds the published value but reaches beyond the margin: two seeds of which one
-  learned the task and one did not give an interval of tens of points, which contains every published number and so
-  confirms none; one seed has no interval, and its number alone says nothing about seed noise.
-Only an on-protocol row of ours of the published row's own protocol is compared with it: a run that changed a
-protocol value is another experiment. A published `FAIL` is not a number and gets no verdict.
-`reproduction_verdict` and `reproduction_interval` take per-seed accuracies (for other pages); `reproductions`
-applies them to the leaderboard's rows, the averages included (their intervals from `uncertainty`).
+  learned the task and one did not give an interval of tens of points, which contains every published number and
+  so confirms none.
+Only an on-protocol row of ours of the published row's own protocol is compared with it (a run that changed a
+protocol value is another experiment); a published `FAIL` gets no verdict. `reproduction_verdict` and
+`reproduction_interval` take per-seed accuracies, for other pages too.
 """
 
 from __future__ import annotations

@@ -36,16 +36,11 @@ WIDE_COLUMNS = (
 )
 
 
-def clip(ci: tuple[float, float] | None) -> tuple[float, float] | None:
-    """An accuracy interval cut to `ACCURACY_RANGE`."""
-    if ci is None:
-        return None
-    low, high = ACCURACY_RANGE
-    return max(low, min(high, ci[0])), max(low, min(high, ci[1]))
-
-
 def _set_interval(row: dict[str, Any], prefix: str, ci: tuple[float, float] | None) -> None:
-    row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = clip(ci) or (None, None)
+    """`<prefix>_ci_low/high`: `ci` cut to `ACCURACY_RANGE` (None without an interval)."""
+    low, high = ACCURACY_RANGE
+    clipped = (max(low, min(high, ci[0])), max(low, min(high, ci[1]))) if ci is not None else (None, None)
+    row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = clipped
 
 
 RANKED = "on"  # the one conformance class that is ranked

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,12 +83,10 @@ def log_to_wandb(
         )
         try:
             columns, points = pareto.points_table(table.get("pareto", []))
-            header: list[str | int] = [*columns]  # (the W&B stub's parameter types, which lists cannot widen to)
-            rows: list[Iterable[Any]] = [*points]
             payload: dict[str, Any] = {
                 "leaderboard/groups": _table(wandb, table["rows"], render.GROUP_COLUMNS),
                 "leaderboard/methods": _table(wandb, [*table["wide"], *table["published"]], render.WIDE_COLUMNS),
-                "leaderboard/pareto": wandb.Table(columns=header, data=rows, allow_mixed_types=True),
+                "leaderboard/pareto": _table(wandb, [dict(zip(columns, p)) for p in points], columns),
             }
             for path in table.get("plots", []):
                 payload[f"leaderboard/charts/{Path(path).stem}"] = wandb.Image(str(path))
