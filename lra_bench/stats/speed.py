@@ -15,9 +15,8 @@ Method (on the log scale, where a ratio is a difference):
   variance is the larger of the within-run part, Σ SE²/k², and — with k ≥ 2 runs — the across-run part, s²/k
   (s: the sd of the runs' log medians, k − 1 degrees of freedom). The across-run spread also holds what varied
   between runs (other jobs, clocks, caches), which no within-run IQR sees.
-* **The ratio A/B** = exp(mean log A − mean log B), its variance the sum of the two sides'; the interval uses
-  Student's t with Welch–Satterthwaite degrees of freedom when an across-run part is used, else the normal.
-* **The average over tasks**: the geometric mean of the task ratios, variance Σ var/K², Welch–Satterthwaite df.
+* **The ratio A/B** = exp(mean log A − mean log B), its variance the sum of the two sides' (`_with_interval`); the
+  average over tasks is the geometric mean of the task ratios, variance Σ var/K².
 
 Calibration (simulated runs, normal or log-normal step times): a nominal 95% interval covers the true ratio about
 95% of the time with 40 timed steps per run, and about 91% at the minimum of 10 — the median's asymptotics are
