@@ -16,7 +16,7 @@ from lra_bench.kit.terminal import table_console
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.stats.paired import MCNEMAR, SIGN_FLIP, T_TEST, WELCH, PairedResult
 from lra_bench.stats.speed import MIN_TIMED_STEPS, TOO_FEW, UNMEASURED, SpeedRatio
-from lra_bench.stats.verdict import METHOD_SEEDS, significant, verdict
+from lra_bench.stats.verdict import METHOD_SEEDS, p_text, significant, verdict
 
 
 class Table(NamedTuple):
@@ -54,7 +54,7 @@ def _interval(ci: tuple[float, float] | None) -> str:
 
 
 def _p(p: float | None) -> str:
-    return "—" if p is None else (f"{p:.2g}" if p < 0.001 else f"{p:.3f}")
+    return "—" if p is None else p_text(p, prefix="")
 
 
 def _x(ratio: float | None) -> str:

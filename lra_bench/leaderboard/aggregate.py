@@ -143,7 +143,8 @@ def task_order(task: str) -> tuple[int, str]:
     return (TASKS.index(task) if task in TASKS else len(TASKS), task)
 
 
-def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
+def values_at(rec: Mapping[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
+    """The values of `keys` in a record or row (None where absent): the key of its group, reference or cell."""
     return tuple(rec.get(k) for k in keys)
 
 
@@ -166,7 +167,7 @@ def _runs_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     ]
     frame = runs_table(kept)
     frame["key"] = [
-        (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)) for rec in kept
+        (*values_at(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)) for rec in kept
     ]
     # a record without a seed is its own seed
     frame["seed_key"] = [rec.get("seed") if rec.get("seed") is not None else rec["_path"] for rec in kept]
@@ -316,7 +317,7 @@ def wide_row(
 def _wide_key(row: dict[str, Any], methods: dict[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, ...]:
     """The wide row `row` joins: its `WIDE_KEYS`, or — when that row already holds another experiment of this task
     (two experiments whose labels clash) — one of its own, so an experiment is never overwritten."""
-    key = _group_key(row, WIDE_KEYS)
+    key = values_at(row, WIDE_KEYS)
     taken = methods.get(key, {}).get("fingerprints", {}).get(row["task"])
     return key if taken in (None, row.get("fingerprint")) else (*key, row.get("fingerprint"))
 
@@ -344,7 +345,7 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
             entry["n"][row["task"]] = row["n"]
             entry["accs"][row["task"]] = list(row.get("test_accs") or [])
     for fail in failures:
-        entry_of(_group_key(fail, WIDE_KEYS))["failed"].add(fail["task"])
+        entry_of(values_at(fail, WIDE_KEYS))["failed"].add(fail["task"])
     out = []
     for key in sorted(methods, key=lambda k: tuple(str(x) for x in k)):
         entry = methods[key]

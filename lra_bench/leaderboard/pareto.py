@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from lra_bench.kit.figures import agg_figure, save_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments
-from lra_bench.leaderboard.aggregate import row_label
+from lra_bench.leaderboard.aggregate import row_label, values_at
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.leaderboard.uncertainty import ERROR_BARS
 
@@ -84,10 +84,6 @@ def mark_frontier(points: Sequence[Point]) -> None:
         )
 
 
-def _key(row: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
-    return tuple(row.get(k) for k in keys)
-
-
 def _references(rows: Sequence[dict[str, Any]]) -> References:
     """Every on-protocol, from-scratch `full` row with a step time, by (protocol, task, length, device): the
     candidates for the speed reference (exactly one is needed)."""
@@ -100,7 +96,7 @@ def _references(rows: Sequence[dict[str, Any]]) -> References:
             and r.get("seq_len") is not None
             and r.get("step_time_median_ms")
         ):
-            refs.setdefault(_key(r, REFERENCE_KEYS), []).append(r)
+            refs.setdefault(values_at(r, REFERENCE_KEYS), []).append(r)
     return refs
 
 
@@ -108,7 +104,7 @@ def _relative(row: dict[str, Any], refs: References) -> tuple[float, float | Non
     """(speed, memory) of a group row relative to its full-attention reference, or why there is none."""
     if row.get("seq_len") is None or not row.get("step_time_median_ms"):
         return "no sequence length or step time recorded"
-    found = refs.get(_key(row, REFERENCE_KEYS), [])
+    found = refs.get(values_at(row, REFERENCE_KEYS), [])
     if not found:
         return "no on-protocol full-attention run with the same protocol, task, sequence length and device"
     if len(found) > 1:

@@ -43,8 +43,9 @@ def interval_text(ci: tuple[float, float], level: float = 0.95) -> str:
     return f"{round(100 * level)}% CI {_pp(lo)}{sep}{_pp(hi)}"
 
 
-def p_text(p: float) -> str:
-    return f"p = {p:.2g}" if p < 0.001 else f"p = {p:.3f}"
+def p_text(p: float, prefix: str = "p = ") -> str:
+    """A p-value as every report prints it: two significant figures below 0.001, else three decimals."""
+    return f"{prefix}{p:.2g}" if p < 0.001 else f"{prefix}{p:.3f}"
 
 
 def _evidence(result: PairedResult, ci: tuple[float, float] | None, level: float, adjusted: Adjustment | None) -> str:
