@@ -2,17 +2,14 @@
 
 Per-example outputs (`test_predictions.npz`) are used when both runs of a seed have them; their labels must be
 identical (same test split, same order), else the pairing would be meaningless and the comparison is refused.
-Without them the comparison falls back to seed-level accuracies (differences from the correct counts that the
-accuracies and test sizes give, see `lra_bench.stats.paired`) and says so. Efficiency (median step time, peak
-memory) comes from the same runs, and is marked not comparable when the runs ran on different hardware; the
-step-time ratio gets an interval from the runs' timed steps and their spread, or none when too few steps were
-timed (`lra_bench.stats.speed`), and the machine load each side was timed under goes beside it.
+Without them the comparison falls back to seed-level accuracies and says so. Efficiency comes from the same runs,
+and is marked not comparable when they ran on different hardware; the machine load each side was timed under goes
+beside the step-time ratio (`lra_bench.stats.speed`: what no interval covers).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,11 +67,8 @@ class Efficiency:
 
     @property
     def memory_ratio(self) -> float | None:
-        return _ratio(self.peak_memory_a_mib, self.peak_memory_b_mib)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b not in (None, 0.0) else None
+        a, b = self.peak_memory_a_mib, self.peak_memory_b_mib
+        return a / b if a is not None and b not in (None, 0.0) else None
 
 
 @dataclass
@@ -111,12 +105,9 @@ def seed_outcome(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any], notes:
         except (OSError, ValueError, KeyError) as err:
             raise CompareError(f"unreadable test predictions ({err}): {pa} / {pb}") from None
         if a.label.shape != b.label.shape or not np.array_equal(a.label, b.label):
-            differ = int(np.sum(a.label != b.label)) if a.label.shape == b.label.shape else None
-            what = (
-                f"labels differ at {differ} of {a.label.size} positions"
-                if differ is not None
-                else (f"{a.label.size} vs {b.label.size} examples")
-            )
+            what = f"{a.label.size} vs {b.label.size} examples"
+            if a.label.shape == b.label.shape:
+                what = f"labels differ at {int(np.sum(a.label != b.label))} of {a.label.size} positions"
             raise CompareError(f"test predictions are not on the same test examples ({what}): {pa} and {pb}")
         for rec, pred, path in ((rec_a, a, pa), (rec_b, b, pb)):
             recorded = typed(rec).metrics.test_acc
@@ -244,7 +235,7 @@ class Comparison:
         the geometric mean of the memory ratios."""
         ok = [t.efficiency for t in self.tasks if t.efficiency.comparable]
         memory = [e.memory_ratio for e in ok if e.memory_ratio is not None and e.memory_ratio > 0]
-        geo = math.exp(statistics.fmean(math.log(v) for v in memory)) if memory else None
+        geo = statistics.geometric_mean(memory) if memory else None
         return average_speed_ratio([e.speed for e in ok], self.level), geo
 
 

@@ -4,6 +4,7 @@ efficiency and notes) and as a program reads it (JSON). Nothing here computes a 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from rich.table import Table as RichTable
@@ -15,7 +16,7 @@ from lra_bench.kit.terminal import table_console
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.stats.paired import MCNEMAR, SIGN_FLIP, T_TEST, WELCH, PairedResult
 from lra_bench.stats.speed import MIN_TIMED_STEPS, TOO_FEW, UNMEASURED, SpeedRatio
-from lra_bench.stats.verdict import METHOD_SEEDS, significant, verdict
+from lra_bench.stats.verdict import METHOD_SEEDS, p_text, significant, verdict
 
 
 class Table(NamedTuple):
@@ -26,6 +27,8 @@ class Table(NamedTuple):
 
 
 SHORT_TEST = {T_TEST: "paired t", MCNEMAR: "McNemar", WELCH: "Welch t", SIGN_FLIP: "sign-flip"}
+#: what the JSON says of each paired seed (`SeedOutcome`'s fields and its McNemar p)
+PER_SEED = ("seed", "acc_a", "acc_b", "n10", "n01", "n", "mcnemar_p")
 
 
 def task_label(task: str) -> str:
@@ -51,7 +54,7 @@ def _interval(ci: tuple[float, float] | None) -> str:
 
 
 def _p(p: float | None) -> str:
-    return "—" if p is None else (f"{p:.2g}" if p < 0.001 else f"{p:.3f}")
+    return "—" if p is None else p_text(p, prefix="")
 
 
 def _x(ratio: float | None) -> str:
@@ -107,22 +110,24 @@ def _row(
     holm_p: float | None,
     eff: tuple[SpeedRatio, float | None],
     marks: str,
-) -> list[str]:
-    return [
-        name,
-        str(seeds),
-        _pp(acc[0]),
-        _pp(acc[1]),
-        _pp(result.delta, signed=True),
-        _interval(result.ci),
-        SHORT_TEST.get(result.test, result.test),
-        _p(result.p),
-        _p(holm_p),
-        _interval(result.bootstrap_ci),
-        _speed_cell(eff[0]),
-        _x(eff[1]),
-        marks,
-    ]
+    level: int,
+) -> dict[str, str]:
+    """One row of the main table, by column header."""
+    return {
+        "task": name,
+        "seeds": str(seeds),
+        "A acc": _pp(acc[0]),
+        "B acc": _pp(acc[1]),
+        "Δ (pp)": _pp(result.delta, signed=True),
+        f"{level}% CI (pp)": _interval(result.ci),
+        "test": SHORT_TEST.get(result.test, result.test),
+        "p": _p(result.p),
+        "Holm p": _p(holm_p),
+        "bootstrap CI (pp)": _interval(result.bootstrap_ci),
+        "step time A/B": _speed_cell(eff[0]),
+        "peak mem A/B": _x(eff[1]),
+        "tuning A / B": marks,
+    }
 
 
 def _tuning_marks(comparison: Comparison, task: str) -> str:
@@ -224,22 +229,7 @@ def _intro_lines(c: Comparison, names: list[str], level: int) -> list[str]:
 
 def _main_table(c: Comparison, level: int) -> Table:
     """One row per task (and the average over tasks): accuracies, Δ with its interval and test, efficiency ratios."""
-    header = [
-        "task",
-        "seeds",
-        "A acc",
-        "B acc",
-        "Δ (pp)",
-        f"{level}% CI (pp)",
-        "test",
-        "p",
-        "Holm p",
-        "bootstrap CI (pp)",
-        "step time A/B",
-        "peak mem A/B",
-        "tuning A / B",
-    ]
-    body = [
+    rows = [
         _row(
             task_label(t.task),
             len(t.seeds),
@@ -248,15 +238,15 @@ def _main_table(c: Comparison, level: int) -> Table:
             t.holm_p,
             (t.efficiency.speed, t.efficiency.memory_ratio),
             _tuning_marks(c, t.task),
+            level,
         )
         for t in c.tasks
     ]
     if c.average is not None:
         acc = (sum(t.acc_a for t in c.tasks) / len(c.tasks), sum(t.acc_b for t in c.tasks) / len(c.tasks))
-        body.append(
-            _row(f"average ({len(c.tasks)} tasks)", c.average.n_seeds, acc, c.average, None, c.average_efficiency, "")
-        )
-    return Table(header, body)
+        name = f"average ({len(c.tasks)} tasks)"
+        rows.append(_row(name, c.average.n_seeds, acc, c.average, None, c.average_efficiency, "", level))
+    return Table(list(rows[0]), [list(row.values()) for row in rows])
 
 
 def _verdict_lines(c: Comparison, names: list[str], alpha: float) -> list[str]:
@@ -342,18 +332,7 @@ def _result_json(result: PairedResult) -> dict[str, Any]:
         "sd_of_seed_differences": result.sd,
         "bootstrap_ci": list(result.bootstrap_ci) if result.bootstrap_ci else None,
         "note": result.note,
-        "per_seed": [
-            {
-                "seed": o.seed,
-                "acc_a": o.acc_a,
-                "acc_b": o.acc_b,
-                "n10": o.n10,
-                "n01": o.n01,
-                "n": o.n,
-                "mcnemar_p": o.mcnemar_p,
-            }
-            for o in result.outcomes
-        ],
+        "per_seed": [{key: getattr(o, key) for key in PER_SEED} for o in result.outcomes],
     }
 
 
@@ -377,13 +356,6 @@ def _speed_json(e: Efficiency) -> dict[str, Any]:
     }
 
 
-def _protocol_json(c: Comparison, task: str) -> dict[str, Any]:
-    return {
-        side.name: {"conformance": side.protocol(task).conformance, "deviations": side.protocol(task).deviations}
-        for side in (c.a, c.b)
-    }
-
-
 def _task_json(c: Comparison, t: TaskComparison, alpha: float) -> dict[str, Any]:
     e = t.efficiency
     return {
@@ -397,7 +369,7 @@ def _task_json(c: Comparison, t: TaskComparison, alpha: float) -> dict[str, Any]
         "significance_p": "holm_p" if t.adjusted is not None else "p",
         "verdict": task_verdict(c, t, alpha),
         "tuned": {"A": c.a.tuning(t.task) is not None, "B": c.b.tuning(t.task) is not None},
-        "protocol": _protocol_json(c, t.task),
+        "protocol": {side.name: asdict(side.protocol(t.task)) for side in (c.a, c.b)},
         "efficiency": {
             "step_time_a_s": e.step_time_a_s,
             "step_time_b_s": e.step_time_b_s,

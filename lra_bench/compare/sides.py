@@ -1,14 +1,12 @@
 """The two sides of a comparison: which records each side holds, and whether the two may be compared at all.
 
-A side is one experiment per task — the same identity for every seed — so its seeds are replicates. Two sides
-may differ only in the method (`attn.*`, `selector.*`) and the seed; anything else (lr, steps, data, protocol) would
-make the difference partly about that, and is refused with the keys named. Measurement settings
-(`lra_bench.record.identity.MEASUREMENT`: `diagnostics.*`) never change a weight or a prediction, so they may
-differ anywhere — the same rule as the protocol check's (`lra_bench.config.conformance`). Two *tuned* sides
-(`tuning=tuned`) may also differ in the values their searches chose, provided the searches had the same budget and
-space — that is the point of fair tuning; a tuned side against an untuned one is refused (pass `--allow-differ` to
-accept it knowingly, and the report marks which side was tuned). Whether a side kept its protocol's values is what its
-records say (`off_protocol`, `deviations`), and the report says it.
+A side is one experiment per task (the same identity for every seed), so its seeds are replicates. Two sides may
+differ only in the method (`attn.*`, `selector.*`) and the seed: anything else (lr, steps, data, protocol) would make
+the difference partly about that, and is refused with the keys named. Measurement settings (`MEASUREMENT`:
+`diagnostics.*`) never change a weight or a prediction, so they may differ, as in the protocol check
+(`lra_bench.config.conformance`). Two *tuned* sides may also differ in the values their searches chose, given the
+same budget and space (the point of fair tuning); a tuned side against an untuned one is refused unless
+`--allow-differ` accepts it knowingly (the report marks which side was tuned, and whether each kept its protocol).
 
 A record whose test accuracy is not a number (NaN, inf) is refused: no statistic can use it, and leaving it out
 quietly would change which seeds are paired.
@@ -50,19 +48,10 @@ class Tuning:
     values: dict[str, Any]
 
     def describe(self) -> str:
-        chosen = ", ".join(f"{k}={_fmt(v)}" for k, v in self.values.items())
+        chosen = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={_text(v)}" for k, v in self.values.items()
+        )
         return f"tuned ({self.budget} trials on the validation split; {chosen})"
-
-
-def tuning_of(identity: Mapping[str, Any]) -> Tuning | None:
-    if identity.get("tuning.role") != "tuned":
-        return None
-    params = [k[len(SPACE_PREFIX) :] for k in identity if k.startswith(SPACE_PREFIX)]
-    return Tuning(identity.get("tuning.budget"), {p: identity.get(p) for p in params})
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else _text(value)
 
 
 def _text(value: Any) -> str:
@@ -125,11 +114,22 @@ class Side:
         return labels.pop() if len(labels) == 1 else self.spec
 
     def tuning(self, task: str) -> Tuning | None:
+        """How the side was tuned on `task` (as its runs' identity says), or None when it was not."""
         records = self.records(task)
-        return tuning_of(identity_of(records[0])) if records else None
+        identity = identity_of(records[0]) if records else {}
+        if identity.get("tuning.role") != "tuned":
+            return None
+        params = [k[len(SPACE_PREFIX) :] for k in identity if k.startswith(SPACE_PREFIX)]
+        return Tuning(identity.get("tuning.budget"), {p: identity.get(p) for p in params})
 
     def protocol(self, task: str) -> Protocol:
-        return protocol_of(self.records(task))
+        """The side's conformance on `task`: off when any run is off, unchecked when any is unchecked, else on."""
+        classes = {conformance(r) for r in self.records(task)}
+        found = next((c for c in ("off", "unchecked", "on") if c in classes), "unchecked")
+        deviations: dict[str, dict[str, Any]] = {}
+        for record in self.records(task):
+            deviations.update(record.get("deviations") or {})
+        return Protocol(found, dict(sorted(deviations.items())))
 
 
 @dataclass(frozen=True)
@@ -154,16 +154,6 @@ class Protocol:
         )
         more = f", +{len(keys) - limit} more" if len(keys) > limit else ""
         return f"OFF-PROTOCOL: {shown}{more}"
-
-
-def protocol_of(records: Sequence[Mapping[str, Any]]) -> Protocol:
-    """One side's conformance on a task: off when any run is off, unchecked when any is unchecked, else on."""
-    classes = {conformance(dict(r)) for r in records}
-    found = next((c for c in ("off", "unchecked", "on") if c in classes), "unchecked")
-    deviations: dict[str, dict[str, Any]] = {}
-    for record in records:
-        deviations.update(record.get("deviations") or {})
-    return Protocol(found, dict(sorted(deviations.items())))
 
 
 def _usable(record: Mapping[str, Any], include_evaluated: bool) -> str | None:

@@ -1,11 +1,7 @@
 """Tables across runs: every `results.json` below some dirs → leaderboard.md/.csv/plots beside published numbers.
 
-`python -m lra_bench.leaderboard DIR...` (see `build`). Modules: `aggregate` (records → rows: the numbers),
-`uncertainty` (CI and tie-aware rank columns), `render` (rows → markdown/CSV/PNG), `pareto` (the
-speed–accuracy–memory bubble charts), `reproduced` (does a published number reproduce), `wandb_log` (the
-leaderboard as a W&B run), `published` (papers' tables, `published.json`), `sweep_callback` (the Hydra callback
-that builds the table at the end of every multirun). Kept light at import: Hydra instantiates the sweep callback in
-every process, so heavy modules load only when used.
+`python -m lra_bench.leaderboard DIR...` (see `build`; the modules: docs/architecture.md). Kept light at import: Hydra
+instantiates the sweep callback in every process, so heavy modules load only when used.
 """
 
 from __future__ import annotations

@@ -75,16 +75,12 @@ def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict
             continue
         record["_path"] = str(path)
         record["task"] = canonical_task(record.get("task"))
-        record["pretraining"] = pretraining_of(record)
+        # how the encoder was pretrained (none | mlm | causal; none in records from before): self-pretrained rows
+        # never pool with scratch rows
+        record["pretraining"] = str(typed(record).pretraining)
         record["window"] = window_of(record)
         records.append(record)
     return records, unreadable
-
-
-def pretraining_of(record: dict[str, Any]) -> str:
-    """How the run's encoder was pretrained (none | mlm | causal): self-pretrained rows never pool with scratch
-    rows. Records from before self-pretraining existed say nothing: none."""
-    return str(typed(record).pretraining)
 
 
 def window_of(record: dict[str, Any]) -> int | None:
@@ -94,13 +90,10 @@ def window_of(record: dict[str, Any]) -> int | None:
     return int(window) if isinstance(window, int) and not isinstance(window, bool) else None
 
 
-def is_pretraining_stage(record: dict[str, Any]) -> bool:
-    """A `stage=pretrain` run: a language-model objective, no task accuracy — not a leaderboard row."""
-    return typed(record).stage == "pretrain"
-
-
-def output_dir_of(record: dict[str, Any]) -> str:
-    return str(typed(record).run.output_dir or Path(record["_path"]).parent)
+def _listed(record: dict[str, Any]) -> dict[str, Any]:
+    """What a run listed apart from the rows (a failure, an evaluation) says first: where it ran, its status, cell."""
+    output_dir = str(typed(record).run.output_dir or Path(record["_path"]).parent)
+    return {"output_dir": output_dir, "status": record.get("status"), **{key: record.get(key) for key in GROUP_KEYS}}
 
 
 def is_evaluation(record: dict[str, Any]) -> bool:
@@ -117,13 +110,11 @@ def evaluations_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         evaluation = rec.get("evaluation") or {}
         out.append(
             {
-                "output_dir": output_dir_of(rec),
-                "status": rec.get("status"),
+                **_listed(rec),
                 "checkpoint": evaluation.get("checkpoint"),
                 "checkpoint_step": evaluation.get("checkpoint_step"),
                 "test_acc": as_percent(typed(rec).metrics.test_acc),
                 "reason": rec.get("error") or "",
-                **{key: rec.get(key) for key in GROUP_KEYS},
             }
         )
     return sorted(out, key=lambda r: r["output_dir"])
@@ -138,10 +129,8 @@ def failures_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         reason = rec.get("error") or f"unfinished (status={rec.get('status')}, no error recorded)"
         out.append(
             {
-                "output_dir": output_dir_of(rec),
-                "status": rec.get("status"),
+                **_listed(rec),
                 "reason": str(reason),
-                **{key: rec.get(key) for key in GROUP_KEYS},
                 "seed": rec.get("seed"),
                 "conformance": experiments.conformance(rec),
                 "variant": "",
@@ -154,7 +143,8 @@ def task_order(task: str) -> tuple[int, str]:
     return (TASKS.index(task) if task in TASKS else len(TASKS), task)
 
 
-def _group_key(rec: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
+def values_at(rec: Mapping[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
+    """The values of `keys` in a record or row (None where absent): the key of its group, reference or cell."""
     return tuple(rec.get(k) for k in keys)
 
 
@@ -169,14 +159,15 @@ def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
 def _runs_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """The table of runs (`lra_bench.record.table.runs_table`) of the completed training runs, each with its row key
     (the group keys, conformance, fingerprint) and the seed it counts as."""
+    # (a `stage=pretrain` run has a language-model objective and no task accuracy: not a row)
     kept = [
         rec
         for rec in records
-        if rec.get("status") == "completed" and not is_evaluation(rec) and not is_pretraining_stage(rec)
+        if rec.get("status") == "completed" and not is_evaluation(rec) and typed(rec).stage != "pretrain"
     ]
     frame = runs_table(kept)
     frame["key"] = [
-        (*_group_key(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)) for rec in kept
+        (*values_at(rec, GROUP_KEYS), experiments.conformance(rec), experiments.group_fingerprint(rec)) for rec in kept
     ]
     # a record without a seed is its own seed
     frame["seed_key"] = [rec.get("seed") if rec.get("seed") is not None else rec["_path"] for rec in kept]
@@ -284,6 +275,12 @@ def method_label(
     return label
 
 
+def row_label(row: Mapping[str, Any]) -> str:
+    """`method_label` from a (group or wide) row's own keys."""
+    variant, pretraining, window = row.get("variant") or "", row.get("pretraining"), row.get("window")
+    return method_label(row.get("attn"), row.get("selector"), row.get("rank_budget"), variant, pretraining, window)
+
+
 def average_columns(cells: Mapping[str, float | None]) -> dict[str, Any]:
     """A wide row's averages: `avg5`, the 5-task average (LRA convention), and `avg6`, the 6-task average with
     Path-X failed/absent = 50 (S4/Mega). Both need all five other tasks; `pathx_counted_as_50` says whether Path-X
@@ -296,10 +293,31 @@ def average_columns(cells: Mapping[str, float | None]) -> dict[str, Any]:
     return {"avg5": statistics.fmean(five), "avg6": avg6, "pathx_counted_as_50": pathx is None}
 
 
+def wide_row(
+    cells: Mapping[str, float | None], std: Mapping[str, Any], n: Mapping[str, Any], **fields: Any
+) -> dict[str, Any]:
+    """A row of the wide (per-method) table in the one shape ours, the published ones and the locality baseline
+    share: `fields` (`conformance` among them) over the defaults, each task's cell, sd and seeds, both averages."""
+    return {
+        "selector": None,
+        "variant": "",
+        "deviations": "",
+        "failed_tasks": "",
+        "flag": "",
+        "note": "",
+        **fields,
+        "off_protocol": {"on": False, "off": True}.get(fields["conformance"]),
+        **{t: cells.get(t) for t in TASKS},
+        **{f"{t}_std": std.get(t) for t in TASKS},
+        **{f"{t}_n": n.get(t) for t in TASKS},
+        **average_columns(cells),
+    }
+
+
 def _wide_key(row: dict[str, Any], methods: dict[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, ...]:
     """The wide row `row` joins: its `WIDE_KEYS`, or — when that row already holds another experiment of this task
     (two experiments whose labels clash) — one of its own, so an experiment is never overwritten."""
-    key = _group_key(row, WIDE_KEYS)
+    key = values_at(row, WIDE_KEYS)
     taken = methods.get(key, {}).get("fingerprints", {}).get(row["task"])
     return key if taken in (None, row.get("fingerprint")) else (*key, row.get("fingerprint"))
 
@@ -327,40 +345,28 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
             entry["n"][row["task"]] = row["n"]
             entry["accs"][row["task"]] = list(row.get("test_accs") or [])
     for fail in failures:
-        entry_of(_group_key(fail, WIDE_KEYS))["failed"].add(fail["task"])
+        entry_of(values_at(fail, WIDE_KEYS))["failed"].add(fail["task"])
     out = []
     for key in sorted(methods, key=lambda k: tuple(str(x) for x in k)):
         entry = methods[key]
         tag = f" ⟨{key[len(WIDE_KEYS)]}⟩" if len(key) > len(WIDE_KEYS) else ""  # a clash split off: its fingerprint
         named = dict(zip(WIDE_KEYS, key))
         out.append(
-            {
-                "kind": "ours",
-                "source": "ours",
+            wide_row(
+                entry["cells"],
+                entry["std"],
+                entry["n"],
+                kind="ours",
+                source="ours",
                 **named,
-                "variant_full": entry.get("full", ""),
-                "off_protocol": {"on": False, "off": True}.get(named["conformance"]),
-                "deviations": ",".join(sorted(entry["deviations"])),
-                "method": method_label(
-                    named["attn"],
-                    named["selector"],
-                    named["rank_budget"],
-                    named["variant"],
-                    named["pretraining"],
-                    named["window"],
-                )
-                + tag,
-                **{t: entry["cells"].get(t) for t in TASKS},
-                **{f"{t}_std": entry["std"].get(t) for t in TASKS},
-                **{f"{t}_n": entry["n"].get(t) for t in TASKS},
-                "task_fingerprints": dict(entry["fingerprints"]),
-                "task_accuracies": dict(entry["accs"]),
+                variant_full=entry.get("full", ""),
+                deviations=",".join(sorted(entry["deviations"])),
+                method=row_label(named) + tag,
+                task_fingerprints=dict(entry["fingerprints"]),
+                task_accuracies=dict(entry["accs"]),
                 # A task with no completed run but a failed/unfinished one shows as ✗, not as blank.
-                "failed_tasks": ",".join(t for t in TASKS if t in entry["failed"] and t not in entry["cells"]),
-                **average_columns(entry["cells"]),
-                "flag": "",
-                "note": "",
-            }
+                failed_tasks=",".join(t for t in TASKS if t in entry["failed"] and t not in entry["cells"]),
+            )
         )
     return out
 
@@ -371,28 +377,23 @@ def published_wide_rows(published: Sequence[PublishedRow]) -> list[dict[str, Any
     for row in published:
         cells = {t: float(v) for t, v in row.scores.items() if isinstance(v, (int, float))}
         out.append(
-            {
-                "kind": "published",
-                "source": row.source_label,
-                "conformance": "published",
-                "variant": "",
-                "off_protocol": None,
-                "deviations": "",
-                "protocol": row.protocol,
-                "attn": row.attn,
-                "selector": None,
-                "rank_budget": row.rank_budget,
-                "window": None,
-                "method": row.model,
-                **{t: cells.get(t) for t in TASKS},
-                **{f"{t}_std": None for t in TASKS},
-                **{f"{t}_n": None for t in TASKS},
-                "failed_tasks": ",".join(t for t, v in row.scores.items() if v == "FAIL"),
-                **average_columns(cells),
-                "avg_reported": row.avg_reported,
-                "peak_memory_mb": row.peak_memory_mb,
-                "flag": row.flag,
-                "note": row.avg_note,
-            }
+            wide_row(
+                cells,
+                {},
+                {},
+                kind="published",
+                source=row.source_label,
+                conformance="published",
+                protocol=row.protocol,
+                attn=row.attn,
+                rank_budget=row.rank_budget,
+                window=None,
+                method=row.model,
+                failed_tasks=",".join(t for t, v in row.scores.items() if v == "FAIL"),
+                avg_reported=row.avg_reported,
+                peak_memory_mb=row.peak_memory_mb,
+                flag=row.flag,
+                note=row.avg_note,
+            )
         )
     return out

@@ -1,15 +1,11 @@
 """`python -m lra_bench.leaderboard DIR... [--out OUTDIR]`: one table from every `results.json` below DIRs.
 
-Prints the main table (per protocol: our methods beside the published rows; `terminal`), then the files it wrote.
-Reads only result records, so it works offline, on any cluster filesystem, and on a sweep that
-is still running. Writes into `--out` (default `DEFAULT_OUT`, `outputs/leaderboard/` of the current directory, beside
-the other apps' outputs), never into the dirs it reads: they may be committed evidence (`reproductions/`) that a
-table built from them must leave byte for byte as it was; the end-of-sweep callback names its sweep dir as the
-output itself. Writes `leaderboard.md`, `leaderboard.csv` (one row per group), `leaderboard_wide.csv`
-(one row per method, ours and published), `leaderboard_reproduced.csv` (does each published number reproduce:
-`reproduced`), `leaderboard_<task>.png` and the speed–accuracy–memory bubble
-charts `leaderboard_pareto_<protocol>_<task|avg5>.png` (`pareto`); `--wandb` also logs them to a W&B run
-(`wandb_log`). `build_leaderboard` is the same thing as a function, for a Hydra `on_multirun_end` callback.
+Prints the main table (`render.print_summary`), then the files it wrote: `leaderboard.md`, the CSVs (groups,
+methods ours and published, `reproduced` verdicts), the per-task and Pareto PNGs; `--wandb` also logs them
+(`wandb_log`). Reads only result records, so it works offline and on a sweep that is still running. Writes into
+`--out` (default `DEFAULT_OUT`, beside the other apps' outputs), never into the dirs it reads: they may be committed
+evidence (`reproductions/`) that a table built from them must leave byte for byte as it was. `build_leaderboard` is
+the same as a function, for the end-of-sweep callback (which names its sweep dir as the output).
 """
 
 from __future__ import annotations
@@ -17,10 +13,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from lra_bench.kit.figures import save_figure
 from lra_bench.kit.terminal import table_console
 from lra_bench.leaderboard import aggregate as data
-from lra_bench.leaderboard import locality, pareto, reproduced, terminal, uncertainty, wandb_log
+from lra_bench.leaderboard import locality, pareto, reproduced, uncertainty, wandb_log
 from lra_bench.leaderboard import render as render
 from lra_bench.leaderboard.published import load_published
 from lra_bench.leaderboard.wandb_log import log_to_wandb
@@ -36,22 +34,19 @@ def _task_plots(rows: list[dict], out: Path) -> list[Path]:
     paths = []
     for task in sorted({r["task"] for r in rows}, key=data.task_order):
         task_rows = [r for r in rows if r["task"] == task]
-        paths.append(render.plot_task(out / f"leaderboard_{task}.png", task, task_rows))
+        paths.append(save_figure(render.task_figure(task, task_rows), out / f"leaderboard_{task}.png", tight=False))
     return paths
 
 
 def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path, plots: bool = True) -> dict:
-    """Collect, aggregate and write every output into `out_dir` (no default: a caller says where, so nothing is
-    written into the dirs read unless asked for, as the sweep callback does); return their paths and the rows.
+    """Collect, aggregate and write every output into `out_dir` (no default: nothing is written into the dirs read
+    unless a caller asks, as the sweep callback does). Never raises on a bad record: it is listed under `unreadable`.
 
-    Returns a dict with `markdown`, `csv`, `wide_csv`, `reproduced_csv` (paths), `reproductions` (one verdict per
-    published number and matching on-protocol row of ours), `plots` (paths, the Pareto charts included),
-    `pareto` (`pareto.Chart`s), `rows` (one per group), `wide` (one per method, ours), `locality` (the best
-    local-window baseline rows, `locality.best_local_rows`), `published` (published
-    rows, same shape), `published_sources`, `failures`, `unreadable`, `superseded`, `evaluations` (evaluated
-    checkpoints, never rows), `n_files`, `dirs` and `wandb`
-    (the runs' W&B project/entity/group, for `log_to_wandb`). Never raises on a bad record: it is listed under
-    `unreadable`.
+    Returns the board: paths `markdown`, `csv`, `wide_csv`, `reproduced_csv` and `plots` (the Pareto charts
+    included); `rows` (one per group), `wide` (one per method, ours), `locality` (`locality.best_local_rows`),
+    `published` (same shape) and `published_sources`; `reproductions` (one verdict per published number and matching
+    on-protocol row of ours), `pareto` (`pareto.Chart`s); `failures`, `unreadable`, `superseded`, `evaluations`
+    (evaluated checkpoints, never rows); `n_files`, `dirs` and `wandb` (the runs' W&B project/entity/group).
     """
     if not dirs:
         raise ValueError("build_leaderboard needs at least one directory")
@@ -72,35 +67,7 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path, plots: bo
 
     plot_paths = _task_plots(rows, out) if plots else []
     charts, chart_notes = pareto.build_charts(rows, wide, out, plots)
-    sections = [*render.uncertainty_section(wide), *pareto.pareto_section(charts, chart_notes)]
-
-    md_path = out / MARKDOWN
-    md_path.write_text(
-        render.render_markdown(
-            [str(d) for d in dirs],
-            len(paths),
-            rows,
-            wide,
-            published,
-            sources,
-            failures,
-            unreadable,
-            superseded,
-            plot_paths,
-            sections,
-            evaluations,
-            verdicts,
-            baselines,
-        )
-    )
-    csv_path = render.write_csv(out / CSV, rows, render.GROUP_COLUMNS)
-    wide_path = render.write_csv(out / WIDE_CSV, [*wide, *baselines, *published], render.WIDE_COLUMNS)
-    reproduced_path = render.write_csv(out / REPRODUCED_CSV, verdicts, reproduced.COLUMNS)
-    return {
-        "markdown": md_path,
-        "csv": csv_path,
-        "wide_csv": wide_path,
-        "reproduced_csv": reproduced_path,
+    board: dict[str, Any] = {
         "reproductions": verdicts,
         "plots": [*plot_paths, *(c.path for c in charts if c.path is not None)],
         "pareto": charts,
@@ -117,6 +84,13 @@ def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path, plots: bo
         "evaluations": evaluations,
         "n_files": len(paths),
     }
+    sections = [*render.uncertainty_section(wide), *pareto.pareto_section(charts, chart_notes)]
+    board["markdown"] = out / MARKDOWN
+    board["markdown"].write_text(render.render_markdown(board, plot_paths, sections))
+    board["csv"] = render.write_csv(out / CSV, rows, render.GROUP_COLUMNS)
+    board["wide_csv"] = render.write_csv(out / WIDE_CSV, [*wide, *baselines, *published], render.WIDE_COLUMNS)
+    board["reproduced_csv"] = render.write_csv(out / REPRODUCED_CSV, verdicts, reproduced.COLUMNS)
+    return board
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wandb_dir = log_to_wandb(result, mode=mode, project=args.wandb_project, group=args.wandb_group)
         wandb_failed = wandb_dir is None and mode != "disabled"
     console = table_console(min_width=120, highlight=False)
-    terminal.print_summary(result["wide"], result["published"], console)
+    render.print_summary(result["wide"], result["published"], console)
     print(
         f"{result['n_files']} results.json: {len(result['rows'])} groups, {len(result['failures'])} failed or "
         f"unfinished, {len(result['unreadable'])} unreadable"

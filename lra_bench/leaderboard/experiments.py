@@ -11,9 +11,6 @@
   the changed keys in `deviations`) or `unchecked` (a record from before the check, or one that failed before it).
   Only `on` rows are shown beside the published numbers.
 * `superseded` only within one fingerprint and seed: the newest completed run wins.
-
-Records from before identities (schema 1, or hand-written ones) get a stand-in identity from what they say (task,
-attn, selector, protocol, landmarks, seed and their resolved config), so they still group as they used to.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from lra_bench.leaderboard.aggregate import average_columns
+from lra_bench.leaderboard.aggregate import wide_row
 from lra_bench.leaderboard.published import TASKS
 
 #: the attention whose runs form the baseline
@@ -45,27 +45,20 @@ def best_local_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         cells = {task: row["test_acc_mean"] for task, row in chosen.items()}
         deviations = {d for row in chosen.values() for d in str(row.get("deviations") or "").split(",") if d}
         out.append(
-            {
-                "kind": KIND,
-                "source": "ours",
-                "protocol": protocol,
-                "conformance": conformance,
-                "pretraining": pretraining,
-                "attn": LOCAL,
-                "selector": None,
-                "rank_budget": None,
-                "variant": "",
-                "off_protocol": {"on": False, "off": True}.get(conformance),
-                "deviations": ",".join(sorted(deviations)),
-                "method": LABEL + (f" + SPT({pretraining})" if pretraining != "none" else ""),
-                **{t: cells.get(t) for t in TASKS},
-                **{f"{t}_std": chosen[t]["test_acc_std"] if t in chosen else None for t in TASKS},
-                **{f"{t}_n": chosen[t]["n"] if t in chosen else None for t in TASKS},
+            wide_row(
+                cells,
+                {task: row["test_acc_std"] for task, row in chosen.items()},
+                {task: row["n"] for task, row in chosen.items()},
+                kind=KIND,
+                source="ours",
+                protocol=protocol,
+                conformance=conformance,
+                pretraining=pretraining,
+                attn=LOCAL,
+                rank_budget=None,
+                deviations=",".join(sorted(deviations)),
+                method=LABEL + (f" + SPT({pretraining})" if pretraining != "none" else ""),
                 **{f"{t}_window": chosen[t]["window"] if t in chosen else None for t in TASKS},
-                "failed_tasks": "",
-                **average_columns(cells),
-                "flag": "",
-                "note": "",
-            }
+            )
         )
     return out

@@ -1,17 +1,13 @@
-"""The LRA paper's picture (Tay et al. 2021, Figure 3) for any sweep: accuracy against speed, memory as bubble area.
+"""The LRA paper's picture (Tay et al. 2021, Figure 3) for any sweep: accuracy against speed, memory as bubble area
+(what the axes are: `pareto_section`'s text).
 
-* x: training speed relative to full attention at the same protocol, task, sequence length and device — full
-  attention's median step time over this method's (> 1 = faster). Log scale: 2× faster sits as far right of 1 as
-  2× slower sits left of it. The reference is the one on-protocol, from-scratch `full` row of that key: an
-  off-protocol `full` (bf16, more steps) runs at another speed, and taking whichever `full` row came last would move
-  every point. No such row, or several (variants), and the row gets no ratio and is not drawn; a note says why.
-* y: test accuracy on one task, or the LRA 5-task average (`avg5`) for methods with all five tasks; for the average,
-  x is the geometric mean of the five tasks' relative speeds.
-* bubble area ∝ peak memory (MiB on a task chart; relative to full attention, geometric mean over tasks, on the
-  average chart). On CPU runs peak memory is the process's peak RSS (see `lra_bench.run.metrics`).
-* The Pareto frontier — methods no other method beats on both speed and accuracy — is drawn and listed, among the
-  on-protocol points only: an off-protocol or unchecked point is drawn (hollow, its label marked ⚠ and naming its
-  variant) but is neither on the frontier nor allowed to push an on-protocol point off it.
+* Speed is relative to full attention at the same protocol, task, sequence length and device, on a log scale (2×
+  faster sits as far right of 1 as 2× slower sits left of it). The reference is the one on-protocol, from-scratch
+  `full` row of that key: an off-protocol `full` (bf16, more steps) runs at another speed, and taking whichever
+  `full` row came last would move every point. No such row, or several (variants): no ratio, a note says why.
+* On CPU runs peak memory is the process's peak RSS (see `lra_bench.run.metrics`).
+* The Pareto frontier is taken among the on-protocol points only: an off-protocol or unchecked point is drawn
+  (hollow, marked ⚠) but neither on the frontier nor allowed to push an on-protocol point off it.
 * The average chart takes each method row's own task rows (`task_fingerprints`: same conformance and variant),
   never another experiment's of the same method.
 """
@@ -20,16 +16,16 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import geometric_mean
 from typing import TYPE_CHECKING, Any
 
 from lra_bench.kit.figures import agg_figure, save_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments
-from lra_bench.leaderboard.aggregate import method_label
+from lra_bench.leaderboard.aggregate import row_label, values_at
 from lra_bench.leaderboard.published import FIVE_TASKS, TASK_LABELS, TASKS
 from lra_bench.leaderboard.uncertainty import ERROR_BARS
 
@@ -88,10 +84,6 @@ def mark_frontier(points: Sequence[Point]) -> None:
         )
 
 
-def _key(row: dict[str, Any], keys: Sequence[str]) -> tuple[Any, ...]:
-    return tuple(row.get(k) for k in keys)
-
-
 def _references(rows: Sequence[dict[str, Any]]) -> References:
     """Every on-protocol, from-scratch `full` row with a step time, by (protocol, task, length, device): the
     candidates for the speed reference (exactly one is needed)."""
@@ -104,7 +96,7 @@ def _references(rows: Sequence[dict[str, Any]]) -> References:
             and r.get("seq_len") is not None
             and r.get("step_time_median_ms")
         ):
-            refs.setdefault(_key(r, REFERENCE_KEYS), []).append(r)
+            refs.setdefault(values_at(r, REFERENCE_KEYS), []).append(r)
     return refs
 
 
@@ -112,7 +104,7 @@ def _relative(row: dict[str, Any], refs: References) -> tuple[float, float | Non
     """(speed, memory) of a group row relative to its full-attention reference, or why there is none."""
     if row.get("seq_len") is None or not row.get("step_time_median_ms"):
         return "no sequence length or step time recorded"
-    found = refs.get(_key(row, REFERENCE_KEYS), [])
+    found = refs.get(values_at(row, REFERENCE_KEYS), [])
     if not found:
         return "no on-protocol full-attention run with the same protocol, task, sequence length and device"
     if len(found) > 1:
@@ -127,15 +119,7 @@ def _relative(row: dict[str, Any], refs: References) -> tuple[float, float | Non
 
 def _label(row: dict[str, Any]) -> str:
     """The method, its variant and pretraining, and ⚠ when it is not known to follow its protocol."""
-    label = method_label(
-        row.get("attn"),
-        row.get("selector"),
-        row.get("rank_budget"),
-        row.get("variant") or "",
-        row.get("pretraining"),
-        row.get("window"),
-    )
-    return label + experiments.mark(row.get("conformance"))
+    return row_label(row) + experiments.mark(row.get("conformance"))
 
 
 def task_charts(rows: Sequence[dict[str, Any]], notes: list[str]) -> list[Chart]:
@@ -158,10 +142,6 @@ def task_charts(rows: Sequence[dict[str, Any]], notes: list[str]) -> list[Chart]
     return [charts[k] for k in sorted(charts, key=lambda k: (k[0], TASKS.index(k[1]) if k[1] in TASKS else 99))]
 
 
-def _geo(values: Sequence[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
-
-
 def average_charts(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]]) -> list[Chart]:
     """Methods with an LRA 5-task average and a full-attention reference on each of the five tasks."""
     refs = _references(rows)
@@ -178,17 +158,11 @@ def average_charts(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]
         protocol = str(method.get("protocol"))
         ci = (method["avg5_ci_low"], method["avg5_ci_high"]) if method.get("avg5_ci_low") is not None else None
         chart = charts.setdefault(protocol, Chart(protocol, "avg5", [], "peak memory relative to full attention"))
-        speed, memory = _geo([r[0] for r in rel]), _geo([r[1] for r in rel])  # type: ignore[index,misc]
+        speed, memory = geometric_mean([r[0] for r in rel]), geometric_mean([r[1] for r in rel])  # type: ignore[index,misc]
         label = method["method"] + experiments.mark(method.get("conformance"))
-        point = Point(label, protocol, speed, method["avg5"], memory, ci)
-        point.comparable = method.get("conformance") == "on"
-        chart.points.append(point)
+        on = method.get("conformance") == "on"
+        chart.points.append(Point(label, protocol, speed, method["avg5"], memory, ci, comparable=on))
     return [charts[k] for k in sorted(charts)]
-
-
-def plot(chart: Chart, path: Path) -> Path:
-    """The bubble chart (`chart_figure`) as a PNG."""
-    return save_figure(chart_figure(chart), path, tight=False)
 
 
 def chart_figure(chart: Chart) -> Figure:
@@ -257,7 +231,8 @@ def build_charts(
     for chart in charts:
         mark_frontier(chart.points)
         if plots:
-            chart.path = plot(chart, Path(out_dir) / f"leaderboard_pareto_{_slug(chart.protocol)}_{chart.target}.png")
+            path = Path(out_dir) / f"leaderboard_pareto_{_slug(chart.protocol)}_{chart.target}.png"
+            chart.path = save_figure(chart_figure(chart), path, tight=False)
     return charts, notes
 
 

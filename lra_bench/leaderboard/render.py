@@ -1,18 +1,21 @@
-"""Format leaderboard rows as markdown, CSV and PNG plots (matplotlib Agg, no global pyplot state).
+"""Format leaderboard rows as markdown, CSV and PNG plots (matplotlib Agg, no global pyplot state), and the main
+table for the terminal (`print_summary`, rich: reading it needs no 150-line markdown file).
 
-Why separate from the numbers: formatting changes often and is checked by eye; the aggregation in
-`leaderboard_data` is checked by tests. Nothing here computes a statistic.
+Nothing here computes a statistic: the numbers are `aggregate`'s, checked by tests; their formatting changes often.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
+from rich.table import Table
+
 from lra_bench.diagnostics import LOCALITY_WINDOWS
-from lra_bench.kit.figures import agg_figure, save_figure
+from lra_bench.kit.figures import agg_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard import experiments, locality, uncertainty
 from lra_bench.leaderboard.aggregate import REACH_KEYS
@@ -68,13 +71,13 @@ WIDE_COLUMNS = (
 )
 AVG5_LABEL = "Avg-5"
 AVG6_LABEL = "Avg-6 (Path-X ✗=50)"
+#: the summary tables' score columns, in `_wide_cells`' order
+SCORE_HEADER = (*(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL)
 CONVENTIONS = (
     f"**{AVG5_LABEL}** = mean test accuracy over ListOps, Text, Retrieval, Image, Pathfinder (LRA paper "
     f"convention). **{AVG6_LABEL}** = mean over all six tasks with Path-X failed or not run counted as 50 "
     "(S4/Mega convention). Both only when all five other tasks have a result. (n=…) = seeds."
 )
-#: the mark on every row of ours that is not known to follow its protocol (markdown, plots; CSV: `conformance`)
-MARKS = experiments.MARKS
 LOCALITY_NOTE = (
     f"**{locality.LABEL}**: per task, the `attn=local` experiment (exact softmax within w tokens on each side) with "
     "the best mean validation accuracy; its test accuracy and window w are shown. It is how much of a task a purely "
@@ -113,6 +116,10 @@ def _wide_cells(row: dict[str, Any]) -> list[str]:
     return [*cells, _num(row.get("avg5")), avg6]
 
 
+def _method_cell(row: dict[str, Any]) -> str:
+    return f"{row['method']}{row.get('flag') or ''}{experiments.mark(row.get('conformance'))}"
+
+
 def _kept(row: dict[str, Any]) -> str:
     """Whether a row's runs kept their protocol: yes, no (and what they changed), or unchecked."""
     if row.get("conformance") == "off":
@@ -120,39 +127,54 @@ def _kept(row: dict[str, Any]) -> str:
     return {"on": "yes"}.get(str(row.get("conformance")), "unchecked")
 
 
+def _reach_distance(row: dict[str, Any]) -> str:
+    """`d (d_exact)`: the expected token distance of the method's attention and of the exact softmax."""
+    if row.get("attn_distance") is None:
+        return "—"
+    return f"{row['attn_distance']:.1f} ({_num(row.get('attn_distance_exact'), '{:.1f}')})"
+
+
+def _reach_mass(row: dict[str, Any]) -> str:
+    values = [row.get(f"mass_within_{w}") for w in LOCALITY_WINDOWS]
+    return "—" if all(v is None for v in values) else "/".join(_num(v) for v in values)
+
+
+#: the all-groups table: each column's header and its cell of a group row
+GROUP_TABLE: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
+    ("protocol", lambda r: r["protocol"]),
+    ("task", lambda r: TASK_LABELS.get(r["task"], r["task"])),
+    ("attn", lambda r: r["attn"]),
+    ("selector", lambda r: r["selector"] or "—"),
+    (
+        "landmarks / window",
+        lambda r: f"w={r['window']}" if r.get("window") is not None else _num(r["rank_budget"], "{}"),
+    ),
+    ("variant", lambda r: r.get("variant") or "—"),
+    ("protocol kept", _kept),
+    ("pretraining", lambda r: r["pretraining"]),
+    ("n", lambda r: r["n"]),
+    ("seeds", lambda r: r["seeds"]),
+    ("test acc", lambda r: _acc(r["test_acc_mean"], r["test_acc_std"])),
+    ("val acc", lambda r: _acc(r["val_acc_mean"], r["val_acc_std"])),
+    ("step (ms, median)", lambda r: _num(r["step_time_median_ms"], "{:.1f}")),
+    ("tokens/s", lambda r: _num(r["tokens_per_s"], "{:,.0f}")),
+    ("peak mem (MiB)", lambda r: _num(r["peak_memory_mib"], "{:,.0f}")),
+    ("params", lambda r: _num(r["params"], "{:,}")),
+    ("device", lambda r: r["device"]),
+    ("attn distance (exact)", _reach_distance),
+    ("mass ≤ " + "/".join(str(w) for w in LOCALITY_WINDOWS), _reach_mass),
+)
+
+
 def _wide_table(rows: Sequence[dict[str, Any]], deviations: bool = False) -> list[str]:
-    header = ["method", "source", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+    header = ["method", "source", *SCORE_HEADER]
     header += ["changed from the protocol"] if deviations else []
     body = []
     for row in rows:
         source = "ours" if row["kind"] in ("ours", locality.KIND) else f"published: {row['source']}"
-        mark = MARKS.get(str(row.get("conformance")), "")
-        cells = [f"{row['method']}{row.get('flag') or ''}{mark}", source, *_wide_cells(row)]
+        cells = [_method_cell(row), source, *_wide_cells(row)]
         body.append(cells + ([str(row.get("deviations") or "—").replace(",", ", ")] if deviations else []))
     return table(header, body, escape=True)
-
-
-GROUP_HEADER = (
-    "protocol",
-    "task",
-    "attn",
-    "selector",
-    "landmarks / window",
-    "variant",
-    "protocol kept",
-    "pretraining",
-    "n",
-    "seeds",
-    "test acc",
-    "val acc",
-    "step (ms, median)",
-    "tokens/s",
-    "peak mem (MiB)",
-    "params",
-    "device",
-    "attn distance (exact)",
-    "mass ≤ " + "/".join(str(w) for w in LOCALITY_WINDOWS),
-)
 
 
 def _intro_lines(dirs: Sequence[str], n_files: int) -> list[str]:
@@ -175,6 +197,12 @@ def _intro_lines(dirs: Sequence[str], n_files: int) -> list[str]:
     ]
 
 
+def _kept_and_apart(rows: Sequence[dict[str, Any]], protocol: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A protocol's rows that kept it (shown beside its published rows, ranked) and the others (shown apart)."""
+    mine = [r for r in rows if str(r["protocol"]) == protocol]
+    return [r for r in mine if r.get("conformance") == "on"], [r for r in mine if r.get("conformance") != "on"]
+
+
 def _protocol_lines(
     protocol: str,
     mine: Sequence[dict[str, Any]],
@@ -183,8 +211,7 @@ def _protocol_lines(
 ) -> list[str]:
     """One protocol's summary: our on-protocol rows beside the published ones, its reproductions' verdicts, and
     the off-protocol runs in a table of their own."""
-    ours = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") == "on"]
-    apart = [r for r in mine if str(r["protocol"]) == protocol and r.get("conformance") != "on"]
+    ours, apart = _kept_and_apart(mine, protocol)
     beside = [r for r in published if str(r["protocol"]) == protocol]
     out = [f"### protocol: {protocol}", "", *_wide_table([*ours, *beside]), ""]
     out += reproduction_block(protocol, reproductions)
@@ -226,31 +253,6 @@ def _published_lines(
     return out
 
 
-def _group_row(r: dict[str, Any]) -> list[Any]:
-    """One experiment group's cells in GROUP_HEADER's order."""
-    return [
-        r["protocol"],
-        TASK_LABELS.get(r["task"], r["task"]),
-        r["attn"],
-        r["selector"] or "—",
-        f"w={r['window']}" if r.get("window") is not None else _num(r["rank_budget"], "{}"),
-        r.get("variant") or "—",
-        _kept(r),
-        r["pretraining"],
-        r["n"],
-        r["seeds"],
-        _acc(r["test_acc_mean"], r["test_acc_std"]),
-        _acc(r["val_acc_mean"], r["val_acc_std"]),
-        _num(r["step_time_median_ms"], "{:.1f}"),
-        _num(r["tokens_per_s"], "{:,.0f}"),
-        _num(r["peak_memory_mib"], "{:,.0f}"),
-        _num(r["params"], "{:,}"),
-        r["device"],
-        _reach_distance(r),
-        _reach_mass(r),
-    ]
-
-
 def _bookkeeping_lines(
     failures: Sequence[dict[str, Any]],
     unreadable: Sequence[dict[str, str]],
@@ -278,73 +280,37 @@ def _bookkeeping_lines(
         out += table(["dropped", "seed", "kept"], [[s["path"], s["seed"], s["kept"]] for s in superseded], escape=True)
     if evaluations:
         out += ["", f"## Evaluated checkpoints ({len(evaluations)}; not training runs, in no table above)", ""]
-        body = [
-            [
-                e["output_dir"],
-                e["status"],
-                e["task"],
-                e["attn"],
-                e["checkpoint"],
-                e["checkpoint_step"],
-                _num(e["test_acc"]),
-                e["reason"] or "—",
-            ]
-            for e in evaluations
-        ]
+        shown = ("output_dir", "status", "task", "attn", "checkpoint", "checkpoint_step")
+        body = [[*(e[k] for k in shown), _num(e["test_acc"]), e["reason"] or "—"] for e in evaluations]
         out += table(
             ["output dir", "status", "task", "attn", "checkpoint", "step", "test acc", "error"], body, escape=True
         )
     return out
 
 
-def render_markdown(
-    dirs: Sequence[str],
-    n_files: int,
-    rows: Sequence[dict[str, Any]],
-    wide: Sequence[dict[str, Any]],
-    published: Sequence[dict[str, Any]],
-    sources: dict[str, dict[str, Any]],
-    failures: Sequence[dict[str, Any]],
-    unreadable: Sequence[dict[str, str]],
-    superseded: Sequence[dict[str, Any]],
-    plots: Sequence[Path],
-    sections: Sequence[str] = (),
-    evaluations: Sequence[dict[str, Any]] = (),
-    reproductions: Sequence[dict[str, Any]] = (),
-    baselines: Sequence[dict[str, Any]] = (),
-) -> str:
-    """The whole `leaderboard.md`: summary by protocol (with `reproductions`, `reproduced.reproductions`' verdicts,
-    beside each protocol's published rows, and `baselines`, `locality.best_local_rows`, beside its methods),
-    `sections` (markdown lines: uncertainty, Pareto), published rows, groups, failures, bad files."""
-    out = _intro_lines(dirs, n_files)
+def render_markdown(board: dict[str, Any], plots: Sequence[Path], sections: Sequence[str] = ()) -> str:
+    """The whole `leaderboard.md` from `board` (`build.build_leaderboard`'s result): summary by protocol (with its
+    reproductions' verdicts beside its published rows, and the locality baselines beside its methods), `sections`
+    (markdown lines: uncertainty, Pareto), published rows, groups, failures, bad files, then the `plots`."""
+    rows, wide, published, baselines = board["rows"], board["wide"], board["published"], board["locality"]
+    out = _intro_lines(board["dirs"], board["n_files"])
     if baselines:
         out += [LOCALITY_NOTE, ""]
     protocols = sorted({str(r["protocol"]) for r in wide})
     for protocol in protocols:
-        out += _protocol_lines(protocol, [*wide, *baselines], published, reproductions)
+        out += _protocol_lines(protocol, [*wide, *baselines], published, board["reproductions"])
     if not protocols:
         out += ["(no completed runs)", ""]
     out += list(sections)
-    out += _published_lines(sources, published, protocols)
+    out += _published_lines(board["published_sources"], published, protocols)
     out += ["## All groups (one experiment each: runs that differ only in their seed)", ""]
-    body = [_group_row(r) for r in rows]
-    out += [*(table(GROUP_HEADER, body, escape=True) if body else ["(no completed runs)"]), *variant_legend(rows), ""]
-    out += _bookkeeping_lines(failures, unreadable, superseded, evaluations)
+    header = [name for name, _ in GROUP_TABLE]
+    body = [[cell(r) for _, cell in GROUP_TABLE] for r in rows]
+    out += [*(table(header, body, escape=True) if body else ["(no completed runs)"]), *variant_legend(rows), ""]
+    out += _bookkeeping_lines(board["failures"], board["unreadable"], board["superseded"], board["evaluations"])
     if plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(out) + "\n"
-
-
-def _reach_distance(row: dict[str, Any]) -> str:
-    """`d (d_exact)`: the expected token distance of the method's attention and of the exact softmax."""
-    if row.get("attn_distance") is None:
-        return "—"
-    return f"{row['attn_distance']:.1f} ({_num(row.get('attn_distance_exact'), '{:.1f}')})"
-
-
-def _reach_mass(row: dict[str, Any]) -> str:
-    values = [row.get(f"mass_within_{w}") for w in LOCALITY_WINDOWS]
-    return "—" if all(v is None for v in values) else "/".join(_num(v) for v in values)
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Path:
@@ -356,14 +322,10 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]
     return path
 
 
-def plot_task(path: Path, task: str, rows: Sequence[dict[str, Any]]) -> Path:
-    """Test accuracy against peak memory and against step time for one task (`task_figure`), as a PNG."""
-    return save_figure(task_figure(task, rows), path, tight=False)
-
-
 def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:
-    """One point per group; the error bars are the leaderboard's 95% intervals (`uncertainty`), the same as the
-    Pareto charts', and the title says so; the legend sits beside the axes, so it hides no point."""
+    """Test accuracy against peak memory and against step time for one task, one point per group; the error bars
+    are the leaderboard's 95% intervals (`uncertainty`), the same as the Pareto charts', and the title says so; the
+    legend sits beside the axes, so it hides no point."""
     fig = agg_figure(figsize=(13, 4.5), layout="constrained")
     axes = fig.subplots(1, 2)
     panels = (("peak_memory_mib", "peak memory (MiB)"), ("step_time_median_ms", "median step time (ms)"))
@@ -374,7 +336,7 @@ def task_figure(task: str, rows: Sequence[dict[str, Any]]) -> Figure:
             label += f" m={r['rank_budget']}" if r["rank_budget"] is not None else ""
             label += f" w={r['window']}" if r.get("window") is not None else ""
             label += f" +SPT({r['pretraining']})" if r.get("pretraining") not in (None, "none") else ""
-            label += f" [{r['protocol']}]" + MARKS.get(str(r.get("conformance")), "")
+            label += f" [{r['protocol']}]" + experiments.mark(r.get("conformance"))
             label += f" {experiments.short_variant(r.get('variant'))}" if r.get("variant") else ""
             mean, low, high = r["test_acc_mean"], r.get("test_acc_ci_low"), r.get("test_acc_ci_high")
             error = None if low is None else [[mean - low], [high - mean]]
@@ -403,7 +365,7 @@ def _interval_cell(row: dict[str, Any], key: str, rank_key: str) -> str:
 
 
 def _interval_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    header = ["method", *(TASK_LABELS[t] for t in TASKS), AVG5_LABEL, AVG6_LABEL]
+    header = ["method", *SCORE_HEADER]
     body = [
         [
             r["method"] + experiments.mark(r.get("conformance")),
@@ -436,9 +398,7 @@ def uncertainty_section(wide: Sequence[dict[str, Any]]) -> list[str]:
         "",
     ]
     for protocol in sorted({str(r["protocol"]) for r in ours}):
-        mine = [r for r in ours if str(r["protocol"]) == protocol]
-        ranked = [r for r in mine if r.get("conformance") == uncertainty.RANKED]
-        apart = [r for r in mine if r.get("conformance") != uncertainty.RANKED]
+        ranked, apart = _kept_and_apart(ours, protocol)
         out += [f"### protocol: {protocol}", ""]
         out += [*_interval_table(ranked), ""] if ranked else ["(no on-protocol rows: nothing ranked)", ""]
         if apart:
@@ -498,3 +458,37 @@ def variant_legend(rows: Sequence[dict[str, Any]]) -> list[str]:
         return []
     out = ["", "Variant legend (labels that name only their first keys; every key their experiments differ in):", ""]
     return out + [f"- `{label}`: {full}" for label, full in sorted(seen.items())]
+
+
+def _rich_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
+    cells = {id(row): _wide_cells(row) for row in rows}
+    columns = [*SCORE_HEADER]
+    kept = [i for i in range(len(columns)) if any(cells[id(row)][i] != "—" for row in rows)]
+    table = Table(title=title, title_justify="left", title_style="bold", header_style="bold")
+    table.add_column("method")
+    table.add_column("source")
+    for i in kept:
+        table.add_column(columns[i], justify="right")
+    for row in rows:
+        ours = row["kind"] == "ours"
+        method = _method_cell(row)
+        if ours and row.get("variant"):  # what sets it apart; a long list as its tag (leaderboard.md spells it out)
+            method += f" {experiments.short_variant(row['variant'])}"
+        source = "ours" if ours else f"published: {row['source']}"
+        table.add_row(method, source, *(cells[id(row)][i] for i in kept), style=None if ours else "dim")
+    return table
+
+
+def print_summary(wide: Sequence[dict[str, Any]], published: Sequence[dict[str, Any]], console: Console) -> None:
+    """One table per protocol of our runs: ours on protocol and the protocol's published rows, then ours apart."""
+    protocols = sorted({str(r["protocol"]) for r in wide if r.get("kind") == "ours"})
+    for protocol in protocols:
+        comparable, apart = _kept_and_apart([r for r in wide if r.get("kind") == "ours"], protocol)
+        beside = [r for r in published if str(r["protocol"]) == protocol]
+        if comparable or beside:
+            console.print(_rich_table(f"protocol {protocol}: test accuracy (%)", [*comparable, *beside]))
+        if apart:
+            title = f"protocol {protocol}: not comparable with its published rows (⚠ changed the protocol)"
+            console.print(_rich_table(title, apart))
+    if not protocols:
+        console.print("(no completed runs: no table)")

@@ -1,26 +1,17 @@
 """Do our runs reproduce a published number? One verdict per published number, from our seeds' t-interval.
 
-The rule, and why (an equivalence reading, as the claims of `docs/reproductions.md` are read):
-* **reproduced** — our 95% Student-t interval of the mean over seeds (n ≥ 2) lies wholly within the published value
-  ± `MARGIN_PP`. The t-interval is the one the rest of the leaderboard shows (`lra_bench.stats.summary.t_interval`):
-  with the 2–5 seeds LRA runs have, it is exact for normal seed effects, where a bootstrap over seeds is too narrow
-  (see that module). The margin is the noise the published number carries itself: it is one run scored on one test
-  set, and a single accuracy near 37% on ListOps' 2,000 test sequences has a 95% binomial half-width of 2.1 pp, so
-  a difference inside ±2 pp is not a difference the published number can show.
-* **not reproduced** — the published value lies outside our interval (above or below, said which).
-* **cannot tell** — the published value lies inside our interval but the interval reaches beyond the margin: our
-  seeds disagree too much to say (two seeds of which one learned the task and one did not give an interval of
-  tens of points, which contains every published number and so confirms none).
-* **1 seed: cannot tell** — one seed has no spread, so no interval; its number alone says nothing about whether the
-  paper's value is within seed noise of ours.
-Only an on-protocol row of ours (`conformance == "on"`) of the published row's own protocol is compared with it: a
-run that changed a protocol value is another experiment, and a published table without a protocol of ours (its own
-recipe) is compared with nothing. A published `FAIL` is not a number and gets no verdict.
-
-`reproduction_verdict(accuracies, published)` and `reproduction_interval(accuracies)` are the functions other pages
-(e.g. a reproductions page) call with per-seed accuracies; `reproductions(wide, published)` applies them to the
-leaderboard's rows, the averages included (`avg5`: five tasks, LRA convention; `avg6`: six tasks with Path-X FAIL or
-not run = 50, S4/Mega convention; the average's interval is the Welch–Satterthwaite one of `uncertainty`).
+An equivalence reading, as the claims of `docs/reproductions.md` are read (the verdicts: `verdict_from_interval`):
+* the interval is our seeds' 95% Student-t interval of the mean, the one the rest of the leaderboard shows: with
+  the 2–5 seeds LRA runs have it is exact for normal seed effects, where a bootstrap over seeds is too narrow
+  (`lra_bench.stats.summary`); one seed has none, and its number alone says nothing about seed noise;
+* the margin `MARGIN_PP` is the noise the published number carries itself: one run scored on one test set (an
+  accuracy near 37% on ListOps' 2,000 test sequences has a 95% binomial half-width of 2.1 pp);
+* "cannot tell" when the interval holds the published value but reaches beyond the margin: two seeds of which one
+  learned the task and one did not give an interval of tens of points, which contains every published number and
+  so confirms none.
+Only an on-protocol row of ours of the published row's own protocol is compared with it (a run that changed a
+protocol value is another experiment); a published `FAIL` gets no verdict. `reproduction_verdict` and
+`reproduction_interval` take per-seed accuracies, for other pages too.
 """
 
 from __future__ import annotations

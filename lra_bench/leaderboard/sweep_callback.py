@@ -100,12 +100,10 @@ class LeaderboardCallback(Callback):
             return None
         try:
             # the table's code (pandas, matplotlib) only when a sweep ends: this module loads in every job's process
-            from lra_bench.leaderboard import build_leaderboard, terminal
+            from lra_bench.leaderboard import build_leaderboard, render
 
             table = build_leaderboard([self._sweep_dir], out_dir=self._sweep_dir, plots=self.plots)
-            terminal.print_summary(
-                table["wide"], table["published"], table_console(highlight=False)
-            )  # the sweep's table
+            render.print_summary(table["wide"], table["published"], table_console(highlight=False))  # the sweep's table
         except Exception as err:
             print(f"[lra-bench] leaderboard for {self._sweep_dir} failed: {type(err).__name__}: {err}", file=sys.stderr)
             return None

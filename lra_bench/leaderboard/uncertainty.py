@@ -1,21 +1,13 @@
 """Uncertainty on the leaderboard: a confidence interval for every mean over seeds, and ranks that call a tie a tie.
 
-Added to the rows `aggregate` built (new columns only; nothing there changes):
-* group rows: `test_acc_ci_low/high` (Student-t over the row's seeds) and `rank` among the rows of the same
-  protocol and task;
-* method rows (ours): `<task>_ci_low/high`, `<task>_rank`, and for both averages `avg5_ci_low/high`, `rank_avg5`,
-  `avg6_ci_low/high`, `rank_avg6`. An average's interval combines the tasks' seed spreads (Welch–Satterthwaite);
-  a Path-X counted as 50 is a constant and adds none.
+New columns on the rows `aggregate` built (`GROUP_COLUMNS`, `WIDE_COLUMNS`; nothing there changes). An average's
+interval combines the tasks' seed spreads (Welch–Satterthwaite); a Path-X counted as 50 is a constant and adds none.
 Every interval is clipped to [0, 100] (`ACCURACY_RANGE`): a t-interval over few seeds near 100% (or 0%) reaches past
-what an accuracy can be, and a bar or a cell beyond it reads as a measurement; a clipped end shows as 100.00 (0.00),
-and every table and plot says so (`CLIPPED`, `ERROR_BARS`). Clipping never changes which intervals overlap, so the
-ranks are the same either way.
-Ranks (`lra_bench.stats.summary.tie_aware_ranks`): 1 + the number of methods whose interval lies wholly above —
-so methods whose intervals overlap share a rank. Rows with one seed have no interval and no rank.
-Only on-protocol rows (`conformance == "on"`) are ranked, and only among each other within one protocol (and task):
-an off-protocol run (more steps, another precision) or an unchecked one is another experiment, and ranking it in
-would push the rows that kept the protocol down for a reason the protocol excludes. Those rows keep their interval
-and get no rank (`rank` empty in the CSVs; the tables show them apart, marked).
+what an accuracy can be, and a bar or a cell beyond it reads as a measurement; every table and plot says so
+(`CLIPPED`, `ERROR_BARS`). Clipping never changes which intervals overlap, so the ranks are the same either way.
+Ranks (`lra_bench.stats.summary.tie_aware_ranks`) only among on-protocol rows within one protocol (and task): an
+off-protocol run (more steps, another precision) or an unchecked one is another experiment, and ranking it in would
+push the rows that kept the protocol down for a reason the protocol excludes. Those keep their interval, unranked.
 """
 
 from __future__ import annotations
@@ -44,16 +36,11 @@ WIDE_COLUMNS = (
 )
 
 
-def clip(ci: tuple[float, float] | None) -> tuple[float, float] | None:
-    """An accuracy interval cut to `ACCURACY_RANGE`."""
-    if ci is None:
-        return None
-    low, high = ACCURACY_RANGE
-    return max(low, min(high, ci[0])), max(low, min(high, ci[1]))
-
-
 def _set_interval(row: dict[str, Any], prefix: str, ci: tuple[float, float] | None) -> None:
-    row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = clip(ci) or (None, None)
+    """`<prefix>_ci_low/high`: `ci` cut to `ACCURACY_RANGE` (None without an interval)."""
+    low, high = ACCURACY_RANGE
+    clipped = (max(low, min(high, ci[0])), max(low, min(high, ci[1]))) if ci is not None else (None, None)
+    row[f"{prefix}_ci_low"], row[f"{prefix}_ci_high"] = clipped
 
 
 RANKED = "on"  # the one conformance class that is ranked

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,13 +46,6 @@ def _table(wandb: Any, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -
     return wandb.Table(columns=list(columns), data=[[r.get(c) for c in columns] for r in rows], allow_mixed_types=True)
 
 
-def _named_after(table: dict[str, Any], out: Path) -> str:
-    """The folder a leaderboard run is named after: the first dir it read (the sweep's, the evidence's), not where
-    its files went (`outputs/leaderboard` for every command-line build), else that output folder."""
-    dirs = table.get("dirs") or [out]
-    return Path(dirs[0]).resolve().name
-
-
 def log_to_wandb(
     table: dict[str, Any],
     mode: str | None = None,
@@ -71,6 +64,9 @@ def log_to_wandb(
         return None
     defaults = table.get("wandb") or {}
     out = Path(directory) if directory is not None else Path(table["markdown"]).parent
+    # named after the first dir read (the sweep's, the evidence's), not where its files went (`outputs/leaderboard`
+    # for every command-line build)
+    named_after = Path((table.get("dirs") or [out])[0]).resolve().name
     try:
         import wandb  # only when a run is logged: W&B is slow to import, and optional
 
@@ -79,7 +75,7 @@ def log_to_wandb(
             entity=entity or defaults.get("entity"),
             group=group or defaults.get("group"),
             job_type="leaderboard",
-            name=name or f"leaderboard-{_named_after(table, out)}",
+            name=name or f"leaderboard-{named_after}",
             dir=str(out),
             mode=mode,
             reinit="create_new",  # never log into (or finish) a run the caller has open
@@ -87,12 +83,10 @@ def log_to_wandb(
         )
         try:
             columns, points = pareto.points_table(table.get("pareto", []))
-            header: list[str | int] = [*columns]  # (the W&B stub's parameter types, which lists cannot widen to)
-            rows: list[Iterable[Any]] = [*points]
             payload: dict[str, Any] = {
                 "leaderboard/groups": _table(wandb, table["rows"], render.GROUP_COLUMNS),
                 "leaderboard/methods": _table(wandb, [*table["wide"], *table["published"]], render.WIDE_COLUMNS),
-                "leaderboard/pareto": wandb.Table(columns=header, data=rows, allow_mixed_types=True),
+                "leaderboard/pareto": _table(wandb, [dict(zip(columns, p)) for p in points], columns),
             }
             for path in table.get("plots", []):
                 payload[f"leaderboard/charts/{Path(path).stem}"] = wandb.Image(str(path))

@@ -19,10 +19,6 @@ outputs, else (correct_A − correct_B)/N with the correct counts recovered from
 sizes — so two seeds on which A is ahead by the same number of examples give the same float, whatever the
 accuracy level (0.455 − 0.450 and 0.305 − 0.300 differ in the last bit). Where no count is known, a spread below
 `SPREAD_TOL` counts as none: it is rounding, never a measurement (one example in a million is 1e-6).
-
-Example resampling is exact and cheap: the paired difference of one resampled test set depends only on how many
-of the N draws land on A-only-correct and B-only-correct examples, a multinomial draw with probabilities
-(n10/N, n01/N, rest) — the same distribution as resampling N indices, at O(1) cost per resample.
 """
 
 from __future__ import annotations
@@ -179,18 +175,17 @@ def compare_paired(
     delta = _snap(float(diffs.mean()))
     draws = hierarchical_bootstrap(outcomes, n_resamples, seed) if all(o.has_examples for o in outcomes) else None
     boot = percentile_interval(draws, level) if draws is not None else None
-    if len(outcomes) >= 2:
+    n = len(outcomes)
+    if n >= 2:
         _, sd_, lo, hi, p = core.paired_t(diffs, level)
         sd = _snap(float(sd_))
         if sd > 0.0:
-            return PairedResult(
-                len(outcomes), delta, (float(lo), float(hi)), float(p), T_TEST, sd, boot, outcomes, "", draws
-            )
+            return PairedResult(n, delta, (float(lo), float(hi)), float(p), T_TEST, sd, boot, outcomes, "", draws)
         if delta == 0.0:
             note = "identical accuracies on every seed"
-            return PairedResult(len(outcomes), delta, (0.0, 0.0), 1.0, T_TEST, sd, boot, outcomes, note, draws)
+            return PairedResult(n, delta, (0.0, 0.0), 1.0, T_TEST, sd, boot, outcomes, note, draws)
         note = "the per-seed differences are all equal: no spread, the t-test is undefined"
-        return PairedResult(len(outcomes), delta, None, None, NO_TEST, sd, boot, outcomes, note, draws)
+        return PairedResult(n, delta, None, None, NO_TEST, sd, boot, outcomes, note, draws)
     only = outcomes[0]
     if only.has_examples:
         note = "1 seed: test-set noise only, training-seed variance not covered"
@@ -221,30 +216,18 @@ def compare_average(
     if not results:
         raise ValueError("no task results to average")
     delta = float(np.mean([r.delta for r in results]))
-    draws = None
     every_draw = [r.draws for r in results if r.draws is not None]
-    if len(every_draw) == len(results):
-        draws = np.mean(every_draw, axis=0)
+    draws = np.mean(every_draw, axis=0) if len(every_draw) == len(results) else None
     boot = percentile_interval(draws, level) if draws is not None else None
     seeds = min(r.n_seeds for r in results)
     if all(r.n_seeds >= 2 for r in results):
-        parts = [(r.delta, r.sd, r.n_seeds) for r in results]
-        avg = average_interval(parts, level)
+        avg = average_interval([(r.delta, r.sd, r.n_seeds) for r in results], level)
         assert avg is not None
         _, ci, p, _ = avg
-        usable = math.isfinite(p)
-        return PairedResult(
-            seeds,
-            delta,
-            ci if usable else None,
-            p if usable else None,
-            WELCH if usable else NO_TEST,
-            None,
-            boot,
-            (),
-            "" if usable else "no spread across seeds: the t-test is undefined",
-            draws,
-        )
+        if math.isfinite(p):
+            return PairedResult(seeds, delta, ci, p, WELCH, None, boot, (), "", draws)
+        note = "no spread across seeds: the t-test is undefined"
+        return PairedResult(seeds, delta, None, None, NO_TEST, None, boot, (), note, draws)
     if all(r.n_seeds == 1 and r.examples for r in results):
         p = sign_flip_p([r.outcomes[0] for r in results], n_resamples, seed)
         note = "1 seed per task: test-set noise only, training-seed variance not covered"

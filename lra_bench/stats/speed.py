@@ -15,9 +15,8 @@ Method (on the log scale, where a ratio is a difference):
   variance is the larger of the within-run part, Σ SE²/k², and — with k ≥ 2 runs — the across-run part, s²/k
   (s: the sd of the runs' log medians, k − 1 degrees of freedom). The across-run spread also holds what varied
   between runs (other jobs, clocks, caches), which no within-run IQR sees.
-* **The ratio A/B** = exp(mean log A − mean log B), its variance the sum of the two sides'; the interval uses
-  Student's t with Welch–Satterthwaite degrees of freedom when an across-run part is used, else the normal.
-* **The average over tasks**: the geometric mean of the task ratios, variance Σ var/K², Welch–Satterthwaite df.
+* **The ratio A/B** = exp(mean log A − mean log B), its variance the sum of the two sides' (`_with_interval`); the
+  average over tasks is the geometric mean of the task ratios, variance Σ var/K².
 
 Calibration (simulated runs, normal or log-normal step times): a nominal 95% interval covers the true ratio about
 95% of the time with 40 timed steps per run, and about 91% at the minimum of 10 — the median's asymptotics are
@@ -84,19 +83,6 @@ class SpeedRatio:
         return "B" if self.ci[0] > 1.0 else None
 
 
-def _welch_df(parts: Sequence[tuple[float, float]]) -> float:
-    """Welch–Satterthwaite degrees of freedom of a sum of independent variances (variance, df); inf parts (the
-    normal approximation) add nothing to the denominator."""
-    total = sum(v for v, _ in parts)
-    denom = sum(v * v / df for v, df in parts if v > 0 and math.isfinite(df))
-    return total * total / denom if denom > 0 else math.inf
-
-
-def _quantile(level: float, df: float) -> float:
-    q = 0.5 + level / 2
-    return float(stats.norm.ppf(q) if math.isinf(df) else stats.t.ppf(q, df))
-
-
 def _logs(timings: Sequence[Timing]) -> list[float]:
     return [math.log(t.median_s) for t in timings]  # type: ignore[arg-type]
 
@@ -110,9 +96,16 @@ def _side_variance(timings: Sequence[Timing]) -> tuple[float, float]:
     return (across, k - 1.0) if across > within else (within, math.inf)
 
 
-def _interval(log_ratio: float, var: float, df: float, level: float) -> tuple[float, float]:
-    half = _quantile(level, df) * math.sqrt(var)
-    return math.exp(log_ratio - half), math.exp(log_ratio + half)
+def _with_interval(log_ratio: float, parts: Sequence[tuple[float, float]], level: float) -> SpeedRatio:
+    """The ratio with its interval, its log's variance the sum of independent (variance, df) parts: Student's t
+    with Welch–Satterthwaite df, where an inf part (the normal approximation) adds nothing to the denominator; the
+    normal when no part has a finite df."""
+    var = sum(v for v, _ in parts)
+    denom = sum(v * v / df for v, df in parts if v > 0 and math.isfinite(df))
+    df = var * var / denom if denom > 0 else math.inf
+    q = 0.5 + level / 2
+    half = float(stats.norm.ppf(q) if math.isinf(df) else stats.t.ppf(q, df)) * math.sqrt(var)
+    return SpeedRatio(math.exp(log_ratio), (math.exp(log_ratio - half), math.exp(log_ratio + half)), OK, "", var, df)
 
 
 def _problem(a: Sequence[Timing], b: Sequence[Timing]) -> tuple[str, str] | None:
@@ -136,10 +129,7 @@ def speed_ratio(a: Sequence[Timing], b: Sequence[Timing], level: float = 0.95) -
     problem = _problem(a, b)
     if problem is not None:
         return SpeedRatio(math.exp(log_ratio), None, *problem)
-    parts = [_side_variance(a), _side_variance(b)]
-    var = sum(v for v, _ in parts)
-    df = _welch_df(parts)
-    return SpeedRatio(math.exp(log_ratio), _interval(log_ratio, var, df, level), OK, "", var, df)
+    return _with_interval(log_ratio, [_side_variance(a), _side_variance(b)], level)
 
 
 def average_speed_ratio(ratios: Sequence[SpeedRatio], level: float = 0.95) -> SpeedRatio:
@@ -151,7 +141,4 @@ def average_speed_ratio(ratios: Sequence[SpeedRatio], level: float = 0.95) -> Sp
     if len(known) < len(ratios) or any(r.status != OK for r in known):
         return SpeedRatio(math.exp(log_ratio), None, TOO_FEW, "not every task has a step-time interval")
     k = len(known)
-    parts = [(r.log_var / k**2, r.df) for r in known]  # type: ignore[operator]
-    var = sum(v for v, _ in parts)
-    df = _welch_df(parts)
-    return SpeedRatio(math.exp(log_ratio), _interval(log_ratio, var, df, level), OK, "", var, df)
+    return _with_interval(log_ratio, [(r.log_var / k**2, r.df) for r in known], level)  # type: ignore[operator]

@@ -81,11 +81,7 @@ def tie_aware_ranks(intervals: Sequence[tuple[float, float] | None]) -> list[int
     data separate them. Not transitive by design: A may tie B, B tie C, and A still rank above C. Entries without
     an interval (one seed) get no rank.
     """
-    out: list[int | None] = []
-    for own in intervals:
-        if own is None:
-            out.append(None)
-            continue
-        above = sum(1 for other in intervals if other is not None and other[0] > own[1])
-        out.append(1 + above)
-    return out
+    return [
+        None if own is None else 1 + sum(1 for other in intervals if other is not None and other[0] > own[1])
+        for own in intervals
+    ]

@@ -43,8 +43,9 @@ def interval_text(ci: tuple[float, float], level: float = 0.95) -> str:
     return f"{round(100 * level)}% CI {_pp(lo)}{sep}{_pp(hi)}"
 
 
-def p_text(p: float) -> str:
-    return f"p = {p:.2g}" if p < 0.001 else f"p = {p:.3f}"
+def p_text(p: float, prefix: str = "p = ") -> str:
+    """A p-value as every report prints it: two significant figures below 0.001, else three decimals."""
+    return f"{prefix}{p:.2g}" if p < 0.001 else f"{prefix}{p:.3f}"
 
 
 def _evidence(result: PairedResult, ci: tuple[float, float] | None, level: float, adjusted: Adjustment | None) -> str:
@@ -57,14 +58,10 @@ def _evidence(result: PairedResult, ci: tuple[float, float] | None, level: float
     return ", ".join(parts)
 
 
-def decisive_p(result: PairedResult, adjusted: Adjustment | None = None) -> float | None:
-    """The p the verdict decides on: the adjusted one when the result is one of several tests."""
-    return adjusted.p if adjusted is not None else result.p
-
-
 def significant(result: PairedResult, alpha: float = 0.05, adjusted: Adjustment | None = None) -> bool:
-    """`core.significant` for one result: p (adjusted, when given) < alpha and the interval excludes 0."""
-    p = decisive_p(result, adjusted)
+    """`core.significant` for one result: p (adjusted, when given: the result is one of several tests) < alpha
+    and the interval excludes 0."""
+    p = adjusted.p if adjusted is not None else result.p
     if p is None:
         return False
     low, high = result.ci if result.ci is not None else (math.nan, math.nan)
