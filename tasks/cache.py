@@ -5,8 +5,8 @@ person can see what a cache holds, and `tokens.json`: the digest of the tokenize
 the data's part of a run's identity — what the model reads, wherever the source lies and whenever it was written
 (the cache key covers the source files' paths and mtimes, so it is only a cache's business).
 
-Building writes into a temp dir and renames, so an interrupted build never
-leaves a half cache; reloading memory-maps the Arrow files (cheap in every DataLoader worker).
+Building writes into a temp dir and renames, so an interrupted build never leaves a half cache; reloading
+memory-maps the Arrow files (cheap in every DataLoader worker).
 """
 
 from __future__ import annotations
