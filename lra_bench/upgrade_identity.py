@@ -22,14 +22,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from lra_bench.record import results
-from lra_bench.record.identity import DATA_KEYS, LEGACY_DATA_KEYS, fingerprint
+from lra_bench.record.identity import LEGACY_DATA_KEYS, fingerprint, predates_data_tokens
 from lra_bench.run import rundir
 from lra_bench.run.build import build_datamodule
-
-
-def is_legacy(identity: dict[str, Any]) -> bool:
-    """Whether `identity`'s data part is the one from before `data.tokens`."""
-    return not any(k in identity for k in DATA_KEYS) and any(k in identity for k in LEGACY_DATA_KEYS)
 
 
 def tokens_for(record: dict[str, Any], data_dir: str | None) -> tuple[str | None, str]:
@@ -57,7 +52,7 @@ def upgrade(folder: Path, data_dir: str | None, dry_run: bool) -> tuple[bool, st
     """Upgrade the run in `folder` (its `results.json` and `identity.json`); (upgraded, what happened)."""
     record = results.read_record(folder / results.FILENAME)
     identity = dict(record.get("identity") or {})
-    if not is_legacy(identity):
+    if not predates_data_tokens(identity):
         return False, "already current"
     tokens, why = tokens_for(record, data_dir)
     if tokens is None:

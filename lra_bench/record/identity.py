@@ -171,6 +171,11 @@ def differing_keys(identities: Iterable[Mapping[str, Any]], ignore: Iterable[str
     return out
 
 
+def predates_data_tokens(identity: Mapping[str, Any]) -> bool:
+    """Whether `identity`'s data part is `LEGACY_DATA_KEYS`, from before `data.tokens`."""
+    return not any(k in identity for k in DATA_KEYS) and any(k in identity for k in LEGACY_DATA_KEYS)
+
+
 def data_identity(tokens: str | None) -> dict[str, Any]:
     """The identity keys of the data: the digest of its tokenized splits (`tasks.cache.tokens_digest`)."""
     return {"data.tokens": tokens}

@@ -78,6 +78,7 @@ from lra_bench.record.identity import (
     config_identity,
     data_identity,
     differing_keys,
+    predates_data_tokens,
     under,
 )
 from tasks.files import umask
@@ -258,7 +259,7 @@ def legacy_same_data(
     outside the data keys, and the same source files by content — the sha256 its record's `data.origin` holds
     equals this run's, with the same tokenizer. Without that fingerprint on both sides it is not the same."""
     old = stored.get("identity") or {}
-    if any(k in old for k in DATA_KEYS) or not any(k in old for k in LEGACY_DATA_KEYS):
+    if not predates_data_tokens(old):
         return False
     ignore = (*DATA_KEYS, *LEGACY_DATA_KEYS)
     if differing_keys([old, dict(identity)], ignore=ignore):
