@@ -36,12 +36,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install the project (idempotent); TORCH=cpu: the CPU-only torch wheel
 
+# Each tier on one pytest-xdist worker per logical CPU (at most 4: the slow tests each start run.py processes);
+# the SLURM tests share one worker (tests/conftest.py). PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= logical
+PYTEST := $(PY) -m pytest -q --durations=30 -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadgroup
+
 test: $(STAMP)  ## run the whole test suite (fast tier, then the slow tier)
-	$(PY) -m pytest -q --durations=30 -m "not slow and not gpu"
-	$(PY) -m pytest -q --durations=30 -m "slow and not gpu"
+	$(PYTEST) -m "not slow and not gpu"
+	$(PYTEST) -m "slow and not gpu"
 
 test-fast: $(STAMP)  ## the fast tier only
-	$(PY) -m pytest -q --durations=30 -m "not slow and not gpu"
+	$(PYTEST) -m "not slow and not gpu"
 
 DEMO_ARGS ?=
 demo: $(STAMP)  ## GPA on generated ListOps of 32–128 tokens (experiment=cpu_small; CSV + offline W&B); DEMO_ARGS='key=value …' adds overrides

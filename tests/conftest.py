@@ -39,6 +39,14 @@ def _offline_single_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> I
     torch.set_num_threads(threads)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs the tiers on parallel workers (pytest-xdist, `--dist loadgroup`); the tests that use the
+    session's SLURM cluster share one worker, so one cluster starts, as in a serial run."""
+    for item in items:
+        if {"local_slurm", "slurm"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):
     """Compose `conf/config.yaml` with overrides, exactly as run.py would (schemas + resolvers registered)."""
     from hydra import compose as hydra_compose

@@ -244,6 +244,21 @@ def test_a_second_checkout_loads_the_same_build_without_compiling(tmp_path: Path
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "the second checkout rebuilt it"
 
 
+def test_two_environments_build_in_their_own_folders(tmp_path: Path) -> None:
+    """The compiler's command names torch's headers by the path torch is imported from, and ninja compiles again when
+    the command changes: a venv and a link to it (a worktree's `.venv` link) taking turns on one build folder compiled
+    a minute each turn, and a run waiting on that lock timed out. Each environment has its own folder."""
+    link = tmp_path / "venv-link"
+    link.symlink_to(Path(sys.prefix), target_is_directory=True)
+    script = "import torch, models.kernels as k; print(torch.__file__, k.build_dir('polynomial_features'))"
+    command = [str(link / "bin" / "python"), "-c", script]
+    torch_file, folder = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert torch_file.startswith(str(link)), torch_file  # the linked environment is what that process imports from
+    assert Path(folder).parent == kernels.cache_dir()
+    assert Path(folder) != kernels.build_dir("polynomial_features"), "two environments share one build folder"
+    # (the same environment in a second process or checkout keeps its folder: the second-checkout test)
+
+
 def test_a_build_killed_mid_way_does_not_block_the_next_load() -> None:
     """torch's loader leaves its `lock` file behind when the build holding it is killed, and a later load then waits
     on it forever (a CI run ended at its time limit inside `make install`). A fresh process finding such a leftover

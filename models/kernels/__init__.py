@@ -11,7 +11,10 @@ Each kernel builds in a folder named by a digest of its source, the shared heade
 dropout mask, the argument check) and its flags, and compiles from copies of them kept in that folder. So a changed
 header or source builds afresh, and every checkout of the same sources loads one build: torch's loader hands ninja
 the sources' absolute paths, and a build made from another checkout's path was compiled again — about a minute each
-time two checkouts (two worktrees, a second clone on a cluster sharing the cache) took turns.
+time two checkouts (two worktrees, a second clone on a cluster sharing the cache) took turns. The digest also
+holds the path torch is imported from: the compiler's command names torch's headers by that path, and ninja builds
+again when its command changes, so two environments (a venv and a link to it, two venvs) taking turns on one folder
+compiled each time; each now has its folder.
 
 Builds of one kernel are serialised by a lock the system drops with its holder (`filelock`'s flock), not only by
 torch's own: torch's loader marks a build with a `lock` file it removes when the build ends, so a build that was
@@ -66,8 +69,9 @@ def cflags(name: str) -> list[str]:
 
 
 def build_dir(name: str) -> Path:
-    """The build folder of kernel `name` as its sources read now: `<name>-<digest of sources and flags>`."""
+    """The build folder of kernel `name` as its sources read now: `<name>-<digest of sources, flags, torch path>`."""
     digest = hashlib.sha256(" ".join(cflags(name)).encode())
+    digest.update(b"\0" + os.path.dirname(torch.__file__).encode())  # the headers' path in the compiler's command
     for path in inputs(name):
         digest.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
     return cache_dir() / f"{name}-{digest.hexdigest()[:12]}"
