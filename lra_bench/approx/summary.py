@@ -319,30 +319,19 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
 
 def verdict_rank(inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """Polynomial (d): numerical and stable rank of exp(QKᵀ/√d) against a degree-2 polynomial kernel."""
-    acc: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    ns: dict[str, list[int]] = defaultdict(list)
-    ds: dict[str, int] = {}
+    by_source: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for inp in inputs:
-        if not inp.get("kernel_ranks"):
-            continue
-        ns[inp["source"]].append(inp["n"])
-        ds[inp["source"]] = inp["d"]
-        for kernel, vals in inp["kernel_ranks"].items():
-            acc[inp["source"]][kernel].append((vals["numerical_rank"], vals["stable_rank"] or float("nan")))
+        if inp.get("kernel_ranks"):
+            by_source[inp["source"]].append(inp)
     rows = []
-    for source, kernels in acc.items():
-        n_mean = sum(ns[source]) / len(ns[source])
-        d = ds[source]
-        row: dict[str, Any] = {
-            "source": source,
-            "n": n_mean,
-            "d": d,
-            "bound_poly2": math.comb(d + 1, 2),
-            "bound_poly2_inhom": math.comb(d + 2, 2),
-        }
-        for kernel, vals in kernels.items():
-            row[f"{kernel}_numerical_rank"] = sum(v[0] for v in vals) / len(vals)
-            row[f"{kernel}_stable_rank"] = sum(v[1] for v in vals) / len(vals)
+    for source, ins in by_source.items():
+        d = ins[-1]["d"]
+        row: dict[str, Any] = {"source": source, "n": sum(i["n"] for i in ins) / len(ins), "d": d}
+        row.update(bound_poly2=math.comb(d + 1, 2), bound_poly2_inhom=math.comb(d + 2, 2))
+        for kernel in ins[0]["kernel_ranks"]:
+            ranks = [i["kernel_ranks"][kernel] for i in ins]
+            row[f"{kernel}_numerical_rank"] = sum(r["numerical_rank"] for r in ranks) / len(ranks)
+            row[f"{kernel}_stable_rank"] = sum(r["stable_rank"] or float("nan") for r in ranks) / len(ranks)
         rows.append(row)
     if not rows:
         return {"claim": "poly_rank", "verdict": "not measured", "rows": []}
