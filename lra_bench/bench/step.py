@@ -44,9 +44,8 @@ from lra_bench.bench.machine import matmul_yardstick, resolve_device
 from lra_bench.bench.worker import timed
 from lra_bench.config.compose import compose_config
 from lra_bench.config.conformance import derive_run_keys
-from lra_bench.kit.plain import plain_dict
 from lra_bench.record.provenance import cpu_fields, cpu_identity, cpu_name
-from lra_bench.registry import ATTENTIONS, selector_node
+from lra_bench.registry import ATTENTIONS
 from models.dropout import Dropout
 
 
@@ -80,18 +79,11 @@ def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> An
 
 
 def faithful_network(cfg: Any) -> torch.nn.Module:
+    """The network `run.py` builds from `cfg`; no data is read: the task node holds the shape a data module gives."""
     # the run's code (Lightning) only when a network is built: `--help` and a bad argument stay at torch
-    from lra_bench.run.build import build_network
+    from lra_bench.run.build import build_model
 
-    return build_network(
-        vocab_size=int(cfg.task.vocab_size),
-        seq_len=int(cfg.task.seq_len),
-        num_classes=int(cfg.task.num_classes),
-        dual=bool(cfg.task.dual),
-        model=plain_dict(cfg.model),
-        attn=plain_dict(cfg.attn),
-        selector=selector_node(cfg),
-    )
+    return build_model(cfg, cfg.task)
 
 
 def random_batch(cfg: Any, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
