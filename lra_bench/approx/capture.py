@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -177,19 +176,13 @@ def model_instances(
         return out, info
     cfg = compose_main(list(settings.get("model_overrides") or []))
     task = cfg.task
-    fake_dm = SimpleNamespace(
-        vocab_size=int(task.vocab_size),
-        seq_len=int(task.seq_len),
-        num_classes=int(task.num_classes),
-        dual=bool(task.dual),
-    )
     torch.manual_seed(seed)
-    model = build_model(cfg, fake_dm)
+    model = build_model(cfg, task)  # no data is read: the task node holds the shape a data module gives
     n = min(max_len, int(task.seq_len))
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, int(task.vocab_size), (sequences, n), generator=gen)
     batch = {"input_ids": ids, "mask": torch.ones(sequences, n, dtype=torch.bool)}
-    if fake_dm.dual:
+    if task.dual:
         batch.update(input_ids_2=ids.flip(0), mask_2=batch["mask"])
     out["random_model"] = instances_from("random_model", capture(model, batch), max_len, min_len)
     info["random_model"] = {

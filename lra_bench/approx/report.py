@@ -49,33 +49,24 @@ def _setup_lines(data: dict[str, Any]) -> list[str]:
     """The bullet list under the title: command, commit, machine, settings, sources and what each metric means."""
     s, env = data["settings"], data["env"]
     hw = env.get("hardware", {})
-    out = [f"- command: `{data['command']}`"]
-    out.append(
+    return [
+        f"- command: `{data['command']}`",
         f"- git commit: `{env.get('git_commit')}`; torch {env.get('packages', {}).get('torch')}; "
         f"{hw.get('cpu')} ({hw.get('cpu_count')} logical CPUs), torch threads {data['threads']}; "
-        f"{data['seconds']:.0f} s"
-    )
-    out.append(
+        f"{data['seconds']:.0f} s",
         f"- landmark counts m ∈ {s['landmarks']}; seeds {s['seeds']}; synthetic n={s['n']}, d={s['d']}; "
-        f"numerical-rank tolerance {s['rank_tol']}"
-    )
-    op = s["operator"]
-    out.append(
-        f"- selector group: every selector under `{op}` with {s.get('operator_params') or 'its defaults'} "
+        f"numerical-rank tolerance {s['rank_tol']}",
+        f"- selector group: every selector under `{s['operator']}` with {s.get('operator_params') or 'its defaults'} "
         f"(paper defaults otherwise), under the core solves {s.get('solves') or ['training']} — `training` = the "
         "operator's own pseudo-inverse in fp32, `stable` = `models.attention.numerics.stable_pinv` in fp64 (exact "
         "where the landmarks determine A); attention group: every registered attention but `full`, paper defaults "
-        "and its own selector"
-    )
-    for source, info in data["sources"].items():
-        out.append(f"- source `{source}`: {info}")
-    out.append(
+        "and its own selector",
+        *(f"- source `{source}`: {info}" for source, info in data["sources"].items()),
         "- metrics from `lra_bench/diagnostics/metrics.py`: relative error ‖A−Â‖_F/‖A‖_F, output residual "
         "‖(A−Â)V‖_F/‖AV‖_F, Eckart–Young floor √Σ_{i>r}σ_i² / ‖A‖_F at the method's rank budget r and the ratio "
         "of the achieved error to it; block-coherence β (our definition): k-means the queries into r clusters "
-        "and take the share of A's rank-r leverage Σℓ_i that the highest-leverage token of each cluster holds"
-    )
-    return out
+        "and take the share of A's rank-r leverage Σℓ_i that the highest-leverage token of each cluster holds",
+    ]
 
 
 def _kmeans_lines(summ: dict[str, Any]) -> list[str]:
@@ -195,8 +186,7 @@ def _source_lines(data: dict[str, Any], source: str, h: str, img_dir: str) -> li
     for metric, title in METRIC_TITLES:
         out += [f"{title}:", "", *_metric_table(rows, metric, ms), ""]
     if any(a.get("target") == "own" for a in rows):
-        out.append("† scored against its own target operator (not softmax), see the verdict on (b).")
-        out.append("")
+        out += ["† scored against its own target operator (not softmax), see the verdict on (b).", ""]
     name = f"approx_{source}.png"
     if name in data.get("plots", []):
         out.append(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 
 from lra_bench.approx.capture import Instance
 from lra_bench.bench.variants import attn_params, default_selector, selector_params
+from lra_bench.bench.worker import describe_error
 from lra_bench.diagnostics import metrics as dg
 from lra_bench.diagnostics.callback import effective_rank, rank_budget
 from lra_bench.registry import ATTENTIONS, SELECTORS, build_attention, build_selector
@@ -225,9 +225,7 @@ def evaluate(
                     row["status"] = "ok" if finite else "nonfinite"
                     row["worse_than_zero"] = bool(finite and row["matrix_residual"] >= 1.0)
                 except Exception as err:
-                    tb = traceback.extract_tb(err.__traceback__)
-                    where = f" at {tb[-1].filename.split('/')[-1]}:{tb[-1].lineno}" if tb else ""
-                    row.update(status="error", error=f"{type(err).__name__}: {str(err)[:300]}{where}")
+                    row.update(status="error", error=describe_error(err))
                 row["seconds"] = time.perf_counter() - start
                 rows.append(row)
     return rows

@@ -44,20 +44,16 @@ def floor_flagged(row: dict[str, Any]) -> bool:
     return floor is None or floor < FLOOR_FLAG
 
 
-def pooled_ratio(rows: list[dict[str, Any]]) -> tuple[float | None, int]:
-    """Σ error / Σ floor (absolute Frobenius norms) over rows with an unflagged floor; and how many were flagged."""
+def pooled_ratio(rows: list[dict[str, Any]]) -> tuple[float | None, int, float | None]:
+    """Σ error / Σ floor (absolute Frobenius norms) over rows with an unflagged floor; how many were flagged; and the
+    ratio's limit, Σ‖A‖_F / Σ floor over the same rows: the pooled ratio of predicting Â = 0, the largest error /
+    floor ratio that still says how far a selection is from the optimum (`kit.numbers.ratio_text`)."""
     kept = [r for r in rows if not floor_flagged(r) and r.get("ey_floor_abs")]
     flagged = sum(1 for r in rows if r.get("target") == "softmax" and floor_flagged(r))
     den = sum(r["ey_floor_abs"] for r in kept)
-    return (sum(r["error_abs"] for r in kept) / den if kept and den > 0 else None), flagged
-
-
-def ratio_limit(rows: list[dict[str, Any]]) -> float | None:
-    """Σ‖A‖_F / Σ floor over the rows `pooled_ratio` keeps: the pooled ratio of predicting Â = 0, the largest
-    error / floor ratio that still says how far a selection is from the optimum (`kit.numbers.ratio_text`)."""
-    kept = [r for r in rows if not floor_flagged(r) and r.get("ey_floor_abs")]
-    den = sum(r["ey_floor_abs"] for r in kept)
-    return sum(r["ey_floor_abs"] / r["ey_floor"] for r in kept) / den if kept and den > 0 else None
+    if not kept or den <= 0:
+        return None, flagged, None
+    return sum(r["error_abs"] for r in kept) / den, flagged, sum(r["ey_floor_abs"] / r["ey_floor"] for r in kept) / den
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -85,8 +81,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             q = quartiles(values)
             entry[key], entry[key + "_q1"], entry[key + "_q3"] = q["median"], q["q1"], q["q3"]
             entry[key + "_mean"], entry[key + "_std"] = mean_std(values)
-        entry["ey_ratio"], entry["floor_flagged"] = pooled_ratio(rs)
-        entry["ey_ratio_limit"] = ratio_limit(rs)
+        entry["ey_ratio"], entry["floor_flagged"], entry["ey_ratio_limit"] = pooled_ratio(rs)
         out.append(entry)
     return out
 
@@ -267,14 +262,14 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
             groups[(r["source"], key, solve_of(r))].append(r)
     table = []
     for (source, key, solve), rs in groups.items():
-        ratio, flagged = pooled_ratio(rs)
+        ratio, flagged, limit = pooled_ratio(rs)
         table.append(
             {
                 "source": source,
                 "method": key,
                 "solve": solve,
                 "pooled_ratio": ratio,
-                "limit": ratio_limit(rs),
+                "limit": limit,
                 "flagged": flagged,
                 "n": len(rs),
             }
@@ -324,30 +319,19 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
 
 def verdict_rank(inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """Polynomial (d): numerical and stable rank of exp(QKᵀ/√d) against a degree-2 polynomial kernel."""
-    acc: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    ns: dict[str, list[int]] = defaultdict(list)
-    ds: dict[str, int] = {}
+    by_source: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for inp in inputs:
-        if not inp.get("kernel_ranks"):
-            continue
-        ns[inp["source"]].append(inp["n"])
-        ds[inp["source"]] = inp["d"]
-        for kernel, vals in inp["kernel_ranks"].items():
-            acc[inp["source"]][kernel].append((vals["numerical_rank"], vals["stable_rank"] or float("nan")))
+        if inp.get("kernel_ranks"):
+            by_source[inp["source"]].append(inp)
     rows = []
-    for source, kernels in acc.items():
-        n_mean = sum(ns[source]) / len(ns[source])
-        d = ds[source]
-        row: dict[str, Any] = {
-            "source": source,
-            "n": n_mean,
-            "d": d,
-            "bound_poly2": math.comb(d + 1, 2),
-            "bound_poly2_inhom": math.comb(d + 2, 2),
-        }
-        for kernel, vals in kernels.items():
-            row[f"{kernel}_numerical_rank"] = sum(v[0] for v in vals) / len(vals)
-            row[f"{kernel}_stable_rank"] = sum(v[1] for v in vals) / len(vals)
+    for source, ins in by_source.items():
+        d = ins[-1]["d"]
+        row: dict[str, Any] = {"source": source, "n": sum(i["n"] for i in ins) / len(ins), "d": d}
+        row.update(bound_poly2=math.comb(d + 1, 2), bound_poly2_inhom=math.comb(d + 2, 2))
+        for kernel in ins[0]["kernel_ranks"]:
+            ranks = [i["kernel_ranks"][kernel] for i in ins]
+            row[f"{kernel}_numerical_rank"] = sum(r["numerical_rank"] for r in ranks) / len(ranks)
+            row[f"{kernel}_stable_rank"] = sum(r["stable_rank"] or float("nan") for r in ranks) / len(ranks)
         rows.append(row)
     if not rows:
         return {"claim": "poly_rank", "verdict": "not measured", "rows": []}

@@ -7,7 +7,6 @@ for the measurement so the yardstick is true fp32, like the attention runs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -15,6 +14,7 @@ import psutil
 import torch
 
 from lra_bench.bench.stats import summarize
+from lra_bench.bench.worker import timed
 
 
 class Yardstick(NamedTuple):
@@ -51,15 +51,7 @@ def matmul_yardstick(device: torch.device, size: int | str = "auto") -> Yardstic
 def matmul_rate(device: torch.device, size: int | str = "auto", repeats: int = 10, warmup: int = 3) -> dict[str, Any]:
     """Median FLOP/s of `size`×`size` fp32 matmuls (2·size³ FLOPs each)."""
     call, size, flops = matmul_yardstick(device, size)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    times = []
-    for i in range(warmup + repeats):
-        s = time.perf_counter()
-        call(i)
-        if i >= warmup:
-            times.append(time.perf_counter() - s)
-    stats = summarize(times)
+    stats = summarize([timed(device, call, i) for i in range(warmup + repeats)][warmup:])
     median, fastest = stats["median"], stats["min"]
     if median is None or fastest is None:
         raise ValueError(f"matmul yardstick: repeats={repeats}, so nothing was timed (need ≥ 1)")

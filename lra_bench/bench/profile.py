@@ -9,17 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from lra_bench.bench import worker
 
 
 def profile_spec(spec: dict[str, Any], mode: str, steps: int = 2, top: int = 12) -> dict[str, Any]:
-    device = torch.device(spec["device"])
-    dtype = getattr(torch, spec["dtype"])
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
+    device, dtype = worker.placement(spec)
     n = int(spec["n"])
     module = worker._place(worker.build_module(spec, n), device, dtype)
     tensors = worker.make_inputs(spec, n, device, dtype, int(spec.get("seed", 0)))

@@ -219,37 +219,30 @@ def _setup_lines(data: dict[str, Any], ns: list[int]) -> list[str]:
     what a reader needs to judge the numbers below."""
     s, env, mm = data["settings"], data["env"], data["matmul"]
     hw = env.get("hardware", {})
-    out = [f"- command: `{data['command']}`"]
-    if data.get("stopped"):
-        out.append(f"- **stopped early** by {data['stopped']}; the configurations after it were not measured")
-    torch_version = env.get("packages", {}).get("torch")
-    out.append(f"- git commit: `{env.get('git_commit')}`; torch {torch_version}; started {data['started_at']}")
-    out.append(
-        f"- hardware: {hw.get('cpu')} ({hw.get('cpu_count')} logical CPUs, {hw.get('memory_gib')} GiB RAM); "
-        f"GPUs: {', '.join(hw.get('gpus') or []) or 'none'}; device `{data['device']}`; torch threads {data['threads']}"
-    )
-    out.append(
+    stopped = f"- **stopped early** by {data['stopped']}; the configurations after it were not measured"
+    end = (mm.get("end") or {}).get("flops_per_s")
+    return [
+        f"- command: `{data['command']}`",
+        *([stopped] if data.get("stopped") else []),
+        f"- git commit: `{env.get('git_commit')}`; torch {env.get('packages', {}).get('torch')}; started "
+        f"{data['started_at']}",
+        f"- hardware: {hw.get('cpu')} ({hw.get('cpu_count')} logical CPUs, {hw.get('memory_gib')} GiB RAM); GPUs: "
+        f"{', '.join(hw.get('gpus') or []) or 'none'}; device `{data['device']}`; torch threads {data['threads']}",
         f"- shape: B={s['batch_size']}, H={s['num_heads']}, d={s['head_dim']}, dtype {s['dtype']}, padding mask "
         f"{'on' if s['mask'] else 'off'}; n ∈ {ns}; warm-up {s['warmup']} (≤ {s['max_warmup_s']} s), repeats "
         f"{s['min_repeats']}–{s['repeats']} (stop after {s['max_time_s']} s of timed calls); "
-        f"{'each configuration in its own process' if s['isolate'] else 'all configurations in one process'}"
-    )
-    rate = mm["start"]["flops_per_s"]
-    end = (mm.get("end") or {}).get("flops_per_s")
-    out.append(
-        f"- matmul yardstick: fp32 {mm['start']['size']}² matmul, {rate / 1e9:.1f} GFLOP/s at the start"
+        f"{'each configuration in its own process' if s['isolate'] else 'all configurations in one process'}",
+        f"- matmul yardstick: fp32 {mm['start']['size']}² matmul, {mm['start']['flops_per_s'] / 1e9:.1f} GFLOP/s at "
+        "the start"
         + (f", {end / 1e9:.1f} GFLOP/s at the end" if end else "")
         + " (median); achieved rates below are fractions of the larger of the two (the machine least disturbed by "
-        "other processes)"
-    )
-    out.append(f"- memory: {data['memory_note']}; budget {data['budget_note']}")
-    out.append(
+        "other processes)",
+        f"- memory: {data['memory_note']}; budget {data['budget_note']}",
         "- FLOPs: counted per method by `lra_bench.bench.costs` (matmuls 2/MAC, elementwise work not counted); "
         "`FlopCounter / hand` = torch FlopCounterMode on the real code over the hand count (> 1: the code does "
         "more matmul work than the algorithm needs, e.g. one-hot matmuls for cluster means; FlopCounterMode does "
-        "not see fused CPU SDPA kernels)"
-    )
-    return out
+        "not see fused CPU SDPA kernels)",
+    ]
 
 
 def _speedup_lines(summ: dict[str, Any], mode: str, labels: list[str], ns: list[int]) -> list[str]:
@@ -330,23 +323,27 @@ def _mode_lines(data: dict[str, Any], mode: str, h: str, img_dir: str) -> list[s
     idx = {(r["label"], r["mode"], r["n"]): r for r in rows}
     ns = sorted({r["n"] for r in rows})
     labels = _labels(rows)
-    out = ["", f"{h}# {MODE_TITLE[mode]}", ""]
-    out.append("Median time in ms (interquartile range in brackets); `skip` = over the memory budget, see below.")
-    out.append("")
-    out += _method_by_n_table(
-        labels, ns, idx, mode, lambda r: f"{_fmt_ms(r['time_median_s'])} ({_fmt_ms(r['time_iqr_s'])})"
-    )
-    out += ["", "Peak memory in MiB (beyond the inputs; see the memory note above).", ""]
-    out += _method_by_n_table(labels, ns, idx, mode, lambda r: f"{r['peak_mem_bytes'] / 2**20:.1f}")
-    out += _speedup_lines(summ, mode, labels, ns)
-    out += _pair_ratio_lines(summ, s, mode, ns)
-    out.append("")
-    out.append(
+    out = [
+        "",
+        f"{h}# {MODE_TITLE[mode]}",
+        "",
+        "Median time in ms (interquartile range in brackets); `skip` = over the memory budget, see below.",
+        "",
+        *_method_by_n_table(
+            labels, ns, idx, mode, lambda r: f"{_fmt_ms(r['time_median_s'])} ({_fmt_ms(r['time_iqr_s'])})"
+        ),
+        "",
+        "Peak memory in MiB (beyond the inputs; see the memory note above).",
+        "",
+        *_method_by_n_table(labels, ns, idx, mode, lambda r: f"{r['peak_mem_bytes'] / 2**20:.1f}"),
+        *_speedup_lines(summ, mode, labels, ns),
+        *_pair_ratio_lines(summ, s, mode, ns),
+        "",
         f"Log-log slopes of time and memory against n (least squares over the measured n in "
-        f"{s['targets'].get('slope_range')}), and the achieved rate at the largest n measured."
-    )
-    out.append("")
-    out += table(SLOPE_HEADER, [_slope_row(x, rows, mode) for x in summ["slopes"] if x["mode"] == mode])
+        f"{s['targets'].get('slope_range')}), and the achieved rate at the largest n measured.",
+        "",
+        *table(SLOPE_HEADER, [_slope_row(x, rows, mode) for x in summ["slopes"] if x["mode"] == mode]),
+    ]
     for metric in ("time", "memory"):
         name = f"{metric}_{mode}.png"
         if name in data.get("plots", []):
@@ -360,14 +357,11 @@ def _profile_lines(profiles: list[dict[str, Any]], h: str) -> list[str]:
         return []
     out = ["", f"{h}# Where the time goes (torch.profiler, top operators by self time)"]
     for p in profiles:
-        out.append("")
         if p.get("error"):
-            out.append(f"`{p['label']}` at n={p['n']}: profiling failed — {p['error']}")
+            out += ["", f"`{p['label']}` at n={p['n']}: profiling failed — {p['error']}"]
             continue
-        out.append(
-            f"`{p['label']}` at n={p['n']}, {p['mode']}: {p['total_ms_per_call']:.1f} ms of operator self time per call"
-        )
-        out.append("")
+        what = f"`{p['label']}` at n={p['n']}, {p['mode']}: {p['total_ms_per_call']:.1f} ms of operator self time"
+        out += ["", f"{what} per call", ""]
         out += table(
             ["operator", "self ms / call", "share", "calls / call"],
             [
@@ -384,12 +378,12 @@ def _load_and_failures(data: dict[str, Any], h: str) -> list[str]:
     out: list[str] = []
     la, lb = data.get("load_average_start"), data.get("load_average_end")
     if la:
-        out.append("")
-        out.append(
+        out += [
+            "",
             f"Machine load average (1/5/15 min) at the start: {', '.join(f'{x:.1f}' for x in la)}"
             + (f"; at the end: {', '.join(f'{x:.1f}' for x in lb)}" if lb else "")
-            + f" — on {hw.get('cpu_count')} logical CPUs; other processes share them, which is why IQRs are reported."
-        )
+            + f" — on {hw.get('cpu_count')} logical CPUs; other processes share them, which is why IQRs are reported.",
+        ]
     bad = [r for r in rows if r.get("status") != "ok"]
     out += ["", f"{h}# Skipped and failed configurations", ""]
     if not bad:
@@ -409,8 +403,7 @@ def render_markdown(data: dict[str, Any], h: str = "##", img_dir: str = ".") -> 
     ns = sorted({r["n"] for r in rows})
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     out = [f"{h} Attention benchmark (`python -m lra_bench.bench`)", "", *_setup_lines(data, ns), ""]
-    out.append(f"{h}# Targets (computed; mode {s['targets'].get('mode')})")
-    out.append("")
+    out += [f"{h}# Targets (computed; mode {s['targets'].get('mode')})", ""]
     out += table(
         ["target", "threshold", "verdict", "detail"],
         [[t["target"], t["threshold"], f"**{t['verdict']}**", t["detail"]] for t in summ["targets"]],

@@ -44,9 +44,8 @@ from lra_bench.bench.machine import matmul_yardstick, resolve_device
 from lra_bench.bench.worker import timed
 from lra_bench.config.compose import compose_config
 from lra_bench.config.conformance import derive_run_keys
-from lra_bench.kit.plain import plain_dict
 from lra_bench.record.provenance import cpu_fields, cpu_identity, cpu_name
-from lra_bench.registry import ATTENTIONS, selector_node
+from lra_bench.registry import ATTENTIONS
 from models.dropout import Dropout
 
 
@@ -80,18 +79,11 @@ def protocol_config(task: str, attn: str, protocol: str, extra: list[str]) -> An
 
 
 def faithful_network(cfg: Any) -> torch.nn.Module:
+    """The network `run.py` builds from `cfg`; no data is read: the task node holds the shape a data module gives."""
     # the run's code (Lightning) only when a network is built: `--help` and a bad argument stay at torch
-    from lra_bench.run.build import build_network
+    from lra_bench.run.build import build_model
 
-    return build_network(
-        vocab_size=int(cfg.task.vocab_size),
-        seq_len=int(cfg.task.seq_len),
-        num_classes=int(cfg.task.num_classes),
-        dual=bool(cfg.task.dual),
-        model=plain_dict(cfg.model),
-        attn=plain_dict(cfg.attn),
-        selector=selector_node(cfg),
-    )
+    return build_model(cfg, cfg.task)
 
 
 def random_batch(cfg: Any, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -110,11 +102,8 @@ def random_batch(cfg: Any, batch_size: int, gen: torch.Generator) -> dict[str, t
 
 def autocast(precision: str, device: torch.device) -> Any:
     """Lightning's `bf16-mixed` / `16-mixed` as the trainer applies them (the attention cores stay fp32 inside)."""
-    if precision.startswith("bf16"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if precision.startswith("16"):
-        return torch.autocast(device.type, dtype=torch.float16)
-    return torch.autocast(device.type, enabled=False)
+    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(precision.split("-")[0])
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
 @functools.cache  # registered once per process
@@ -196,8 +185,11 @@ def prepare(
     dropout: str = "packed",
     kernel: str | None = None,
 ) -> Setup:
-    """The faithful training step of `attn` on `task` under `protocol`, built and stepped once (its FLOPs counted);
-    see `time_protocol` for the arguments."""
+    """The faithful training step of `attn` on `task` under `protocol` (see the module docstring), built and stepped
+    once (its FLOPs counted); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`); `dropout="native"`
+    swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured); `kernel`
+    sets `model.kernels` and, for an attention that has a compiled core, `attn.kernel` (`kernel_overrides`), and
+    names it in the row."""
     cfg = protocol_config(task, attn, protocol, [*kernel_overrides(attn, kernel), *(extra or [])])  # extra wins
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
@@ -296,25 +288,10 @@ def _row(setup: Setup, times: list[float], eval_times: list[float], rate: float,
 
 
 def time_protocol(
-    task: str,
-    attn: str,
-    protocol: str = "nystromformer",
-    extra: list[str] | None = None,
-    steps: int = 6,
-    warmup: int = 2,
-    eval_batches: int = 3,
-    rate: float | None = None,
-    device: torch.device | None = None,
-    dropout: str = "packed",
-    kernel: str | None = None,
+    *args: Any, steps: int = 6, warmup: int = 2, eval_batches: int = 3, rate: float | None = None, **kwargs: Any
 ) -> StepTiming:
-    """Time the faithful training step and an evaluation batch of `attn` on `task` under `protocol` (see the
-    module docstring); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`); `dropout="native"`
-    swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured); `kernel`
-    sets `model.kernels` and, for an attention that has a compiled core, `attn.kernel` (`kernel_overrides`), and
-    names it in the row."""
-    setup = prepare(task, attn, protocol, extra, device, dropout, kernel)
-    return time_side_by_side([setup], steps, warmup, eval_batches, rate)[0]
+    """Time one setup (`prepare(*args, **kwargs)`) alone: its training step and an evaluation batch."""
+    return time_side_by_side([prepare(*args, **kwargs)], steps, warmup, eval_batches, rate)[0]
 
 
 def kernel_overrides(attn: str, kernel: str | None) -> list[str]:

@@ -10,10 +10,9 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from lra_bench.bench.references import REFERENCES
 from lra_bench.config.compose import compose_config
+from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import ATTENTIONS, SELECTORS
 
 
@@ -45,10 +44,7 @@ def _composed(attn: str | None, selector: str | None, seed: int) -> dict[str, An
     """The `attn` and `selector` nodes `run.py attn=<attn> [selector=<selector>] seed=<seed>` would get."""
     overrides = [f"seed={seed}"] + ([f"attn={attn}"] if attn else []) + ([f"selector={selector}"] if selector else [])
     cfg = compose_config(overrides)
-    return {
-        "attn": OmegaConf.to_container(cfg.attn, resolve=True),
-        "selector": OmegaConf.to_container(cfg.selector, resolve=True),
-    }
+    return {"attn": plain_dict(cfg.attn), "selector": plain_dict(cfg.selector)}
 
 
 def _seed(context: dict[str, Any] | None) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lra_bench.bench.references import REFERENCES, SDPAReference, reference_dtype
+from lra_bench.bench.references import SDPAReference, reference_dtype
 from lra_bench.bench.stats import summarize
 from lra_bench.memory import PeakMemory, settle
 from lra_bench.registry import build_attention, build_selector
@@ -56,6 +56,15 @@ def make_inputs(spec: dict[str, Any], n: int, device: torch.device, dtype: torch
         mask = torch.zeros(spec["B"], n, dtype=torch.bool, device=device)
         mask[:, :real] = True
     return q, k, v, mask, grad
+
+
+def placement(spec: dict[str, Any]) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype `spec` is measured in (a reference may need its own, `reference_dtype`), once torch's
+    threads are set as the sweep asks."""
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
+    return device, reference_dtype(spec["attn"], device, dtype) if spec["kind"] == "reference" else dtype
 
 
 def _place(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -138,10 +147,7 @@ def time_mode(spec: dict[str, Any], module, mode: str, device: torch.device, ten
     peak, baseline, method = meter.stop()
     stats = summarize(times)
     return {
-        "time_median_s": stats["median"],
-        "time_q1_s": stats["q1"],
-        "time_q3_s": stats["q3"],
-        "time_iqr_s": stats["iqr"],
+        **{f"time_{key}_s": stats[key] for key in ("median", "q1", "q3", "iqr")},
         "times_s": times,
         "repeats": len(times),
         "first_call_s": first,
@@ -154,12 +160,7 @@ def time_mode(spec: dict[str, Any], module, mode: str, device: torch.device, ten
 def measure(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Run `spec` in each of `spec['modes']`; returns mode → measurements (status `ok` or `error`)."""
     gc.freeze()  # the imported world is permanent: later gc.collect() calls (before baselines) stay cheap
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
-    device = torch.device(spec["device"])
-    dtype = getattr(torch, spec["dtype"])
-    if spec["kind"] == "reference" and spec["attn"] in REFERENCES:
-        dtype = reference_dtype(spec["attn"], device, dtype)
+    device, dtype = placement(spec)
     n, seed = int(spec["n"]), int(spec.get("seed", 0))
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -175,8 +176,7 @@ def measure(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
         tensors = make_inputs(spec, n, device, dtype, seed)
         prime(module, tensors)
     except Exception as err:
-        msg = _describe(err)
-        return {mode: {"status": "error", "error": msg} for mode in spec["modes"]}
+        return {mode: {"status": "error", "error": describe_error(err)} for mode in spec["modes"]}
     for mode in spec["modes"]:
         record: dict[str, Any] = {"dtype": str(dtype).replace("torch.", "")}
         try:
@@ -186,14 +186,15 @@ def measure(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
             record.update(time_mode(spec, module, mode, device, tensors))
             record["status"] = "ok"
         except Exception as err:
-            record.update(status="error", error=_describe(err))
+            record.update(status="error", error=describe_error(err))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         out[mode] = record
     return out
 
 
-def _describe(err: BaseException) -> str:
+def describe_error(err: BaseException) -> str:
+    """A failed measurement in one line: the exception, cut at 400 characters, and the file and line it came from."""
     tb = traceback.extract_tb(err.__traceback__)
     where = f" at {tb[-1].filename.split('/')[-1]}:{tb[-1].lineno}" if tb else ""
     text = f"{type(err).__name__}: {err}"
@@ -211,7 +212,7 @@ def child(spec: dict[str, Any], conn: Any) -> None:
     try:
         result = measure(spec)
     except BaseException as err:
-        result = {mode: {"status": "error", "error": _describe(err)} for mode in spec["modes"]}
+        result = {mode: {"status": "error", "error": describe_error(err)} for mode in spec["modes"]}
     try:
         conn.send(result)
     except (BrokenPipeError, EOFError):  # the parent stopped waiting (Ctrl-C, timeout): nobody to tell
