@@ -1,23 +1,15 @@
-"""Building a run: the user's callbacks, the data module and the network from a composed config, and what both stages
-that run a Trainer build the same way (the LightningModule, the Trainer's arguments and plugins).
+"""Building a run from its composed config: the data module, the network (with one attention per block), the
+LightningModule, the Trainer's arguments and plugins, the data on every rank, and the user's callbacks.
 
-Lightning callbacks a user adds as `_target_` nodes under `callbacks:` (a config, or the command line:
-`+callbacks.lr_monitor._target_=pytorch_lightning.callbacks.LearningRateMonitor`).
+The one place that turns config nodes into components through `lra_bench.registry`: training, evaluation and the
+approximation study's model capture all build through it, so a checkpoint is always rebuilt the way it was made;
+both stages that run a Trainer (`train`, `evaluation`) import it from here.
 
 The harness's own callbacks are built in `lra_bench.run.train` (each carries a guarantee: resume, NaN stop, the
-record's numbers), so a config cannot drop one by accident; `_target_` nodes only add. Their targets are checked
+record's numbers), so a config cannot drop one by accident; a user's `_target_` nodes under `callbacks:`
+(`+callbacks.lr_monitor._target_=pytorch_lightning.callbacks.LearningRateMonitor`) only add. Their targets are checked
 when the run starts (`lra_bench.config.validate.check_callback_targets`); building one that fails, or that is not a
 Lightning callback, is one line naming the node.
-
-From a composed config to the objects of a run: the data module, the network (with one attention per block).
-
-The one place that turns config nodes into components through `lra_bench.registry`; training, evaluation and the
-approximation study's model capture all build through it, so a checkpoint is always rebuilt the way it was made.
-
-What both stages that run a Trainer (`train`, `evaluation`) build the same way: the LightningModule, the
-Trainer's arguments and plugins, and the data on every rank.
-
-Both import them from here (evaluation once imported them from `train`, private helpers included: an import cycle).
 """
 
 from __future__ import annotations
@@ -45,8 +37,6 @@ from models.build import build_classifier
 from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import extra_tokens
 
-# --- user callbacks ------------------------------------------------------------------------------------------------
-
 
 def instantiate_callbacks(cfg: DictConfig) -> list[pl.Callback]:
     out: list[pl.Callback] = []
@@ -63,9 +53,6 @@ def instantiate_callbacks(cfg: DictConfig) -> list[pl.Callback]:
             )
         out.append(callback)
     return out
-
-
-# --- build ---------------------------------------------------------------------------------------------------------
 
 
 def build_datamodule(cfg: DictConfig) -> Any:
@@ -139,9 +126,6 @@ def check_run_config(cfg: DictConfig) -> None:
     the config (`lra_bench.config.validate.validate`) and the task's own options (its constructor, no I/O)."""
     validate(cfg)
     build_datamodule(cfg)
-
-
-# --- parts ---------------------------------------------------------------------------------------------------------
 
 
 def build_module(

@@ -81,7 +81,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from lra_bench.errors import ConfigError
 from lra_bench.kit.say import say
 from lra_bench.record.builder import now
-from lra_bench.record.checkpoint_file import LAST, META_FORMAT, META_KEY, PREV, load, meta_of, read_checkpoint
+from lra_bench.record.checkpoint_file import LAST, META_FORMAT, META_KEY, PREV, load_usable, meta_of, read_checkpoint
 from lra_bench.record.identity import architecture, describe, differing_keys, kernel_choices
 from lra_bench.record.provenance import code_label
 from tasks.files import make_readable, unique_tmp
@@ -411,7 +411,7 @@ def check_fits(
     made by another model than `identity` describes (or, without metadata, when its state dict does not fit
     `module`). Returns the checkpoint."""
     if checkpoint is None:
-        checkpoint = load(path)
+        checkpoint = load_usable(path)
     meta = meta_of(checkpoint)
     if meta is not None:
         made, this = architecture(meta.get("identity") or {}), architecture(identity)
