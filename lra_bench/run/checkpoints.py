@@ -199,10 +199,9 @@ class LastCheckpoint(Checkpoint):
         return trainer.state.fn == "fit" and not trainer.sanity_checking and not getattr(trainer, "fast_dev_run", False)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        step = trainer.global_step
-        if self.every_n_train_steps and step % self.every_n_train_steps == 0 and step != self.saved_step:
-            if self._fitting(trainer):
-                self.save(trainer)
+        step, every = trainer.global_step, self.every_n_train_steps
+        if every and step % every == 0 and step != self.saved_step and self._fitting(trainer):
+            self.save(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # also at a step already saved: the post-validation state carries the new best score
@@ -217,9 +216,9 @@ class LastCheckpoint(Checkpoint):
         # Lightning raises SIGTERMException at a clean step boundary (after the step's validation). Other
         # exceptions leave a state we do not trust. Multi-process: no collective save from an exception path.
         # (the run's last line says what is saved: `lra_bench.run.signals.StopSignals.stopped_line`)
-        if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and trainer.global_step > 0:
-            if trainer.global_step != self.saved_step:
-                self.save(trainer)
+        step = trainer.global_step
+        if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and 0 < step != self.saved_step:
+            self.save(trainer)
 
 
 # -- reliability ----------------------------------------------------------------------------------------------

@@ -37,8 +37,6 @@ from lra_bench.record.predictions import FILENAME as PREDICTIONS_FILE
 from lra_bench.record.predictions import save_predictions
 from lra_bench.record.schema import RunRecord
 
-# --- test outputs --------------------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class TestResult:
@@ -137,12 +135,8 @@ class TestOutputs(pl.Callback):
 
 
 def _in_split_order(rows: np.ndarray, losses: np.ndarray, split_size: int) -> tuple[TestResult | None, str | None]:
-    index = rows[0]
-    _, first = np.unique(index, return_index=True)  # the first occurrence of each index wins
-    first.sort()
-    index, label, pred, loss = index[first], rows[1][first], rows[2][first], losses[first]
-    order = np.argsort(index, kind="stable")
-    index, label, pred, loss = index[order], label[order], pred[order], loss[order]
+    index, first = np.unique(rows[0], return_index=True)  # sorted; the first occurrence of each index wins
+    label, pred, loss = rows[1][first], rows[2][first], losses[first]
     if not np.array_equal(index, np.arange(len(index))):
         return None, f"the test covered {len(index)} examples that are not the split's first {len(index)}"
     return TestResult(label=label, pred=pred, loss=loss, split_size=int(split_size)), None
@@ -181,9 +175,6 @@ def _gather(pl_module: pl.LightningModule, tensor: torch.Tensor) -> torch.Tensor
     if not isinstance(gathered, torch.Tensor):
         raise TypeError(f"all_gather of a tensor returned a {type(gathered).__name__}")
     return gathered
-
-
-# --- recorder ------------------------------------------------------------------------------------------------------
 
 
 class DiagnosticsSource(Protocol):

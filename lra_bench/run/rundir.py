@@ -35,7 +35,6 @@ A refused config (`ConfigError`) keeps its `failed` record.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import json
 import os
@@ -89,9 +88,8 @@ def in_use_error(run_dir: Path) -> ConfigError:
 
 def _write_holder(fd: int) -> None:
     """Replace the file's text with this process's PID, host and start time (the lock is held: no reader races)."""
-    since = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {since}\n".encode(), 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {now()}\n".encode(), 0)
 
 
 class RunDirLock:

@@ -104,16 +104,14 @@ class StopSignals(pl.Callback):
             if not self.last_said:
                 tell(f"[lra-bench] {name}: the run is writing its record and exiting")
             return
-        first = self.received is None
-        if first:
-            self.received = signum
-        if not first:
+        if self.received is not None:
             if signum == signal.SIGINT and self._lightning_running():  # the user insists: the step stops now
                 tell(f"[lra-bench] {name} again: stopping now; the last checkpoint written is the resume point")
                 raise KeyboardInterrupt
             if signum == signal.SIGINT:  # a save or the stop itself is under way: cut short, it would lose work
                 tell(f"[lra-bench] {name} again: already stopping")
             return  # a repeated SIGTERM: already stopping (SLURM follows up with SIGKILL after KillWait)
+        self.received = signum
         trainer = self.trainer
         if trainer is None or not self._lightning_running():
             raise SignalStop(signum)
