@@ -32,7 +32,6 @@ from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import TASKS, attention_factory, selector_node
 from lra_bench.run import pretrain
 from lra_bench.run.module import LRAModule
-from lra_bench.run.pretrained import load_encoder
 from models.build import build_classifier
 from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import extra_tokens
@@ -140,8 +139,8 @@ def build_module(
         return pretrain.build_pretrain_module(cfg, dm, model, {k: v for k, v in pretrain_info.items() if k != "curve"})
     if isinstance(model, LanguageModel):
         raise TypeError("a LanguageModel outside stage=pretrain")
-    if source is not None:  # pretrained=: the pretrained encoder, a fresh head (lra_bench.run.pretrained)
-        load_encoder(model, source)
+    if source is not None:  # pretrained=: the pretrained encoder, a fresh head
+        pretrain.load_encoder(model, source)
     return LRAModule(model, dm.num_classes, plain_dict(cfg.optim), int(cfg.trainer.max_steps))
 
 

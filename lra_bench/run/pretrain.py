@@ -1,4 +1,5 @@
-"""Self-pretraining: the `stage=pretrain` stage and the `stage=spt` plan (pretrain, then fine-tune, in one job).
+"""Self-pretraining: the `stage=pretrain` stage, the `stage=spt` plan (pretrain, then fine-tune, in one job), and a
+fine-tune's start from a pretraining run (`pretrained=<run dir or .ckpt>`: `load_encoder`).
 
 Amos, Berant & Gupta, "Never Train from Scratch" (ICLR 2024, arXiv 2310.02980): pretraining on the downstream task's
 own training inputs with a denoising objective, then fine-tuning, closes most of the gap between architectures that
@@ -26,6 +27,13 @@ launcher, requeueing, the end-of-sweep leaderboard), and its stages can never be
 Re-running the command skips a pretraining stage whose record is `completed` with the same configuration, and
 otherwise resumes it; the fine-tune then resumes from its own `last.ckpt`. A completed pretraining stage whose
 configuration has since changed is refused with the keys that differ (its fine-tunes would mix two recipes).
+
+A fine-tune takes over the encoder — embeddings (the mask token's row included), every block (selector state such as
+GPA's codebook is a buffer inside its block), the final norm — with a fresh task head, optimiser, schedule and step
+count, as IdoAmos/not-from-scratch@f919137 (`train.py::load_pretrained_model`: every weight but the decoder, then a
+new run). Unlike theirs (`strict=False`, then a tolerance check), loading here is strict: the encoder's tensors are
+copied exactly, or the run stops with one line. Which run `pretrained=` names, and the checks on it, come before
+anything is built (`lra_bench.config.pretrained_run`).
 """
 
 from __future__ import annotations
@@ -41,11 +49,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
+from lra_bench.config.pretrained_run import PretrainedSource
 from lra_bench.config.stages import check_pretrain_keys, resolve_stage
 from lra_bench.config.validate import validate_once
 from lra_bench.errors import ConfigError
 from lra_bench.kit.plain import plain_dict
 from lra_bench.record import results
+from lra_bench.record.checkpoint_file import load_checkpoint
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
 from lra_bench.record.reader import read
 from lra_bench.run.module import adamw_with_schedule
@@ -55,6 +65,7 @@ from tasks.masking import IGNORE_INDEX, PretrainingData
 
 CURVE_KEY = "spt_curve"  # where the curve lives in a checkpoint
 STAGE_KEY = "spt_stage"  # what a pretraining checkpoint says about itself
+ENCODER_PREFIX = "model.encoder."  # the encoder's keys in a LightningModule's state_dict (`self.model.encoder`)
 
 
 # -- data and network -------------------------------------------------------------------------------------------
@@ -196,6 +207,21 @@ def stage_info(cfg: DictConfig, dm: PretrainingData) -> dict[str, Any]:
 def build_pretrain_module(cfg: DictConfig, dm: PretrainingData, model: LanguageModel, info: dict) -> PretrainModule:
     optim, steps = plain_dict(cfg.optim), int(cfg.trainer.max_steps)
     return PretrainModule(model, str(cfg.spt.loss), dm.task.vocab_size, optim, steps, info)
+
+
+def load_encoder(network: TaskNetwork, source: PretrainedSource) -> int:
+    """Copy the pretrained encoder into `network.encoder` exactly (strict); return the number of tensors copied."""
+    checkpoint = load_checkpoint(source.checkpoint)
+    if STAGE_KEY not in checkpoint:
+        raise ConfigError(f"pretrained={source.value}: {source.checkpoint} is not a self-pretraining checkpoint")
+    state = checkpoint["state_dict"]
+    encoder = {k[len(ENCODER_PREFIX) :]: v for k, v in state.items() if k.startswith(ENCODER_PREFIX)}
+    try:
+        network.encoder.load_state_dict(encoder, strict=True)
+    except RuntimeError as err:
+        first = " ".join(str(err).split())[:300]
+        raise ConfigError(f"pretrained={source.value}: its encoder tensors do not fit this network ({first})") from None
+    return len(encoder)
 
 
 def final_section(info: dict[str, Any], best_val_acc: float | None, module: PretrainModule) -> dict[str, Any]:
