@@ -276,8 +276,8 @@ def prepare(
     record, pretraining_stage = recorder.record, cfg.stage == "pretrain"
     dm = build_datamodule(cfg)
     prepare_data(dm, output_dir, recorder.is_zero)
-    record.data.update(dm.data_info())
-    record.data.update({"majority_share": majority_share(dm) if recorder.is_zero and not pretraining_stage else None})
+    majority = majority_share(dm) if recorder.is_zero and not pretraining_stage else None
+    record.data.update({**dm.data_info(), "majority_share": majority})
     if pretraining_stage:
         record.pretrain = pretrain.stage_info(cfg, dm)
     module = build_module(cfg, dm, source, record.pretrain)
