@@ -11,13 +11,15 @@ pytorch-lightning 2.6.6 by tests/test_lightning_parts.py, which fails the day Li
   a copy, not a rename, when `$TMPDIR` is another filesystem (a node-local /tmp, a run dir on shared storage), so a
   full disk or a kill mid-copy leaves a truncated file (measured: a 160 kB checkpoint saved into a 96 kB tmpfs left a
   96 kB `best-4.ckpt` that does not load). Here the temp file is this process's own beside the target
-  (`tasks.files.unique_tmp`), renamed into place, removed on any failure; the target keeps its previous content.
+  (`tasks.files.unique_tmp`), renamed into place, removed on any failure; the target keeps its previous content,
+  and the checkpoint never has to fit into `$TMPDIR`.
 * **`last.ckpt` is ours** (`LastCheckpoint`). `ModelCheckpoint(save_last=True, every_n_train_steps=N)` writes it after
   a validation only when a top-k file was written at that step, and at the end of training only if it never wrote
   one: a run whose `max_steps` is not a multiple of N never has its final state in it, and it keeps no previous
   file. Ours writes it every `every_n_train_steps`, after every validation, at the end of training and at a stop
   signal's step boundary, keeping the previous one as `last-prev.ckpt` (the new one is complete before the old one
-  moves). Best-val checkpoints are Lightning's `ModelCheckpoint`.
+  moves: a kill mid-write never leaves a half file as `last.ckpt`, a full disk leaves no temp file). Best-val
+  checkpoints are Lightning's `ModelCheckpoint`.
 * **The save at a stop signal is ours too**: `save_on_exception=True` and `OnExceptionCheckpoint` save on every
   exception, the NaN stop included — exactly the poisoned weights that stop exists to keep out.
   `LastCheckpoint.on_exception` saves only on `SIGTERMException` (a clean step boundary: SIGTERM, or Ctrl-C through
@@ -29,7 +31,8 @@ pytorch-lightning 2.6.6 by tests/test_lightning_parts.py, which fails the day Li
 * `FiniteGuard` stops the run when a parameter turns NaN/Inf in an optimizer step, before any checkpoint callback
   runs (Lightning orders those last), so the last good checkpoint is never overwritten by a poisoned state.
 * `RNGState` checkpoints the global RNGs (dropout), restored at train start: with the data order restored by
-  `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
+  `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one
+  (Lightning has no callback for this; `torch.random.fork_rng` guards the RNG where diagnostics must not draw).
 * `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off
   (`lra_bench.run.build.slurm_plugins`) and submitit's USR2 handler owns requeueing; we only defer it to the next
   step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step and raises `SIGTERMException` →
@@ -298,16 +301,10 @@ def is_submitit_handler(handler: Any) -> bool:
 
 
 class SubmititRequeue(Checkpoint):
-    """Under submitit, save `last.ckpt` at the next step boundary before submitit requeues (see module docstring).
-
-    Installed at train start only when submitit's USR2 handler is in place and the run is one process (in DDP,
-    submitit's handler stays as is and the periodic `last.ckpt` is the resume point). On USR2 it raises SIGTERM in
-    this process, so Lightning stops after the current step and its validation with `SIGTERMException`;
-    `LastCheckpoint.on_exception` saves; `lra_bench.run.train` then writes the record and calls `hand_over()`, which
-    runs submitit's own handler (launcher `checkpoint()`, `scontrol requeue`, `sys.exit`). An alarm after
-    `grace_s` hands over without the save if no step boundary comes in time. A `Checkpoint` subclass only so that
-    Lightning orders it after `LastCheckpoint`.
-    """
+    """Under submitit, save `last.ckpt` at the next step boundary before submitit requeues (the chain: module
+    docstring). Installed at train start only when submitit's USR2 handler is in place and the run is one process (in
+    DDP, submitit's handler stays as is and the periodic `last.ckpt` is the resume point). A `Checkpoint` subclass
+    only so that Lightning orders it after `LastCheckpoint`."""
 
     def __init__(self, grace_s: float = 60.0) -> None:
         self.grace_s = grace_s
