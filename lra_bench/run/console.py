@@ -163,13 +163,13 @@ def print_summary(record: dict[str, Any]) -> None:
             ("checkpoint step", _fmt(evaluation.get("checkpoint_step"))),
             ("test accuracy", _fmt(m.test_acc, "{:.4f}")),
         ]
-        rows = [*head, *test, *tail]
+        training = []
     else:
         head = [
             ("val accuracy (best)", _fmt(m.val_acc, "{:.4f}") + f"  at step {_fmt(m.best_step)}"),
             ("test accuracy (best-val ckpt)", _fmt(m.test_acc, "{:.4f}")),
         ]
-        rows = [*head, *test, *training, *tail]
+    rows = [*head, *test, *training, *tail]
     if read.error:
         rows.append(("error", str(read.error)))
     for key, value in rows:
