@@ -1,20 +1,15 @@
 """`python -m lra_bench.evaluate CHECKPOINT [--out DIR] [--retest] [KEY=VALUE ...]`: test exactly one checkpoint.
 
-A command above the run package: it reads the command line, sets the process up as `run.py` does (before torch is
-imported: the run package loads only once the arguments and the checkpoint are checked, in `main`), and hands one
-checkpoint to the run package's evaluation stage.
-
-The model is rebuilt from the checkpoint's own run config (stored in every checkpoint the harness writes, see
-`lra_bench.run.checkpoints`; for an older checkpoint, the config in its run dir's `results.json`), so the
-architecture, the attention and its selector are the ones that were trained, and the weights and buffers (GPA's
-codebook) are loaded by the same `trainer.test` the training run used: the test accuracy and loss are the ones the
-training run recorded for that checkpoint. `KEY=VALUE` may set logistics only (`data_dir`, `cache_dir` — which
-follows `data_dir` unless given —, `data.num_workers`, `trainer.accelerator`, `trainer.devices`, …): any other key
-would make it another experiment, and is refused.
+A command above the run package, which loads (torch) only once the arguments and the checkpoint are checked. The
+model is rebuilt from the checkpoint's own run config (stored in every checkpoint the harness writes; for an older
+one, the config in its run dir's `results.json`), so the architecture, attention and selector are the ones that were
+trained, and the weights and buffers are loaded by the same `trainer.test` the training run used: the test accuracy
+and loss are the ones it recorded for that checkpoint. `KEY=VALUE` may set logistics only (`data_dir`, `cache_dir` —
+which follows `data_dir` unless given —, `trainer.accelerator`, …): any other key would make it another experiment.
 
 Writes `results.json` (status `evaluated`), `test_predictions.npz` and `run.log` into `--out DIR`, by default
-`<run dir>/eval/<checkpoint name>/` beside the training run's own record, which is never touched
-(`lra_bench.run.evaluation`). Exit 2 with one line on a bad checkpoint, override or data source.
+`<run dir>/eval/<checkpoint name>/`, never over the training run's record (`lra_bench.run.evaluation`). Exit 2 with
+one line on a bad checkpoint, override or data source.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from lra_bench.config.setup import quiet_third_party_warnings, setup
 from lra_bench.config.validate import check_writable, validate
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
-from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, load, meta_of
+from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, load_usable, meta_of
 from lra_bench.record.identity import LOGISTICS, is_logistics
 from tasks.layout import DataSourceError
 
@@ -99,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = args.checkpoint.expanduser().resolve()
         if not path.is_file():
             raise ConfigError(f"{args.checkpoint}: no such checkpoint file")
-        cfg = apply_overrides(run_config(path, load(path)), args.overrides)
+        cfg = apply_overrides(run_config(path, load_usable(path)), args.overrides)
         cfg.train, cfg.ckpt_path, cfg.retest, cfg.print_config = False, str(path), bool(args.retest), False
         out = (args.out or default_out(path)).expanduser()
         check_writable(out)

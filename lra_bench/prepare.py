@@ -53,15 +53,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"  cache: {report['cache']}",
         f"  tokens: {report['tokens']} (data.tokens: the data's part of a run's identity)",
     ]
-    extra = {
-        k: v
-        for k, v in info.items()
-        if k not in ("source", "split", "tokenizer_version", "max_length", "seq_len", "text_length") and v
-    }
+    shown = ("source", "split", "tokenizer_version", "max_length", "seq_len", "text_length")
+    extra = {k: v for k, v in info.items() if k not in shown and v}
     if info.get("skipped_empty_pngs") is not None:
         extra["skipped_empty_pngs"] = info["skipped_empty_pngs"]
-    for key, value in extra.items():
-        lines.append(f"  {key}: {value}")
+    lines += [f"  {key}: {value}" for key, value in extra.items()]
     lines.append(
         f"  {'split':<6} {'count':>8}  {'labels (value:count)':<34} {'majority':>8}  "
         f"{'len min/median/max':>20}  {'at max':>6}"

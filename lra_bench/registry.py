@@ -1,25 +1,18 @@
 """The one registry: attentions, selectors and tasks, discovered from the classes that describe themselves.
 
 A component is a class that derives from its axis' base (`models.attention.base.Attention`,
-`models.landmarks.base.LandmarkSelector`, `tasks.base.LRADataModule`) and sets its own `name` (the option name
-on the command line) and `config` (a dataclass whose fields are its knobs, each with its one default, plus
-`name`; an attention's or selector's constructor takes an instance of it, see `models.knobs`). Nothing else
-registers it: every module of the axis' package is imported and every such class in it is an option. So a new
-attention is one file in `models/attention/` plus its YAML in `conf/attn/`, which `make configs` writes from the
-dataclass (`lra_bench.config.generate`; the same for a selector; a task's YAML is written by hand), and
-`models`/`tasks` need no registry of their own.
-
-Components outside the repository (a user's own attention) are found the same way in the directories listed in
-the environment variable `LRA_BENCH_PLUGINS` (`os.pathsep`-separated): every `*.py` file there is imported and
-each component class in it joins its axis. Their YAML goes into a config dir that Hydra searches
-(`hydra.searchpath=[file:///path/to/conf]`).
+`models.landmarks.base.LandmarkSelector`, `tasks.base.LRADataModule`) and sets its own `name` (the option name on
+the command line) and `config` (a dataclass whose fields are its knobs, each with its one default; see
+`models.knobs`). Nothing else registers it: every module of the axis' package is imported and every such class in it
+is an option, so a new attention is one file in `models/attention/` plus its YAML, which `make configs` writes from
+the dataclass (`lra_bench.config.generate`). Components outside the repository are found the same way in the
+directories of `LRA_BENCH_PLUGINS` (`os.pathsep`-separated; their YAML in a config dir Hydra searches,
+`hydra.searchpath=[file:///path/to/conf]`).
 
 Why discovery rather than decorators: one mechanism for three axes in a package that `models` and `tasks` may not
-import (they never import `lra_bench`), and errors that list every valid name.
-
-Building from config nodes is here too (`build_attention`, `build_selector`, and `attention_factory`: each block's
-attention from the `attn`/`selector` nodes), below the run package: the record builder asks a built attention for
-its rank budget without importing the run that trains it.
+import (they never import `lra_bench`), and errors that list every valid name. Building from config nodes is here
+too (`attention_factory`: each block's attention from the `attn`/`selector` nodes), below the run package: the
+record builder asks a built attention for its rank budget without importing the run that trains it.
 """
 
 from __future__ import annotations
@@ -131,13 +124,6 @@ class Registry(Generic[Component]):
         """The knobs in a config node: the schema's fields, minus `name`."""
         return knob_values(self.config(name), node)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._discover()
-
-
-def plugin_dirs() -> list[Path]:
-    return [Path(p).expanduser() for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p.strip()]
-
 
 _PLUGINS: dict[Path, Any] = {}
 
@@ -145,7 +131,8 @@ _PLUGINS: dict[Path, Any] = {}
 def plugin_modules() -> list[Any]:
     """Every `*.py` in the `LRA_BENCH_PLUGINS` dirs, imported once (a missing dir is an error naming it)."""
     modules = []
-    for folder in plugin_dirs():
+    folders = [Path(p).expanduser() for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p.strip()]
+    for folder in folders:
         if not folder.is_dir():
             raise FileNotFoundError(f"{PLUGINS_ENV}: {folder} is not a directory")
         for path in sorted(folder.glob("*.py")):

@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from lra_bench.record import results
-from lra_bench.record.identity import LEGACY_DATA_KEYS, fingerprint, predates_data_tokens
+from lra_bench.record.identity import LEGACY_DATA_KEYS, data_differs, fingerprint, predates_data_tokens
 from lra_bench.run import rundir
 from lra_bench.run.build import build_datamodule
 
@@ -35,17 +35,11 @@ def tokens_for(record: dict[str, Any], data_dir: str | None) -> tuple[str | None
         cfg.data_dir, cfg.cache_dir = data_dir, str(Path(data_dir) / "cache")
     dm = build_datamodule(cfg)
     dm.prepare_data()
-    then, now = record.get("data") or {}, dm.data_info()
-    stated = (then.get("origin") or {}).get("fingerprint")
-    found = (now.get("origin") or {}).get("fingerprint")
-    if stated is None:
-        return None, "its record states no sha256 of its source files"
-    if stated != found or then.get("tokenizer_version") != now.get("tokenizer_version"):
-        return None, (
-            f"its source files or tokenizer differ now (sha256 {stated} → {found}, tokenizer "
-            f"{then.get('tokenizer_version')} → {now.get('tokenizer_version')})"
-        )
-    return dm.tokens, f"source files sha256 {stated}"
+    stated = record.get("data") or {}
+    why = data_differs(stated, dm.data_info())
+    if why is not None:
+        return None, why
+    return dm.tokens, f"source files sha256 {stated['origin']['fingerprint']}"
 
 
 def upgrade(folder: Path, data_dir: str | None, dry_run: bool) -> tuple[bool, str]:

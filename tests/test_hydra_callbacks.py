@@ -137,7 +137,7 @@ def test_leaderboard_experiments_sweep_every_task_attention_and_seed(protocol: s
     params = cfg.hydra.sweeper.params
     tasks = params.task.split(",")
     attns = params.attn.split(",")
-    assert attns == ATTENTIONS.names()  # every registered attention (lra_bench/config/methods.py)
+    assert attns == ATTENTIONS.names()  # every registered attention (lra_bench/config/setup.py)
     assert params.seed.split(",") == ["0", "1", "2"]
     assert {"listops", "text", "retrieval", "image", "pathfinder"} <= set(tasks)
     for task in tasks:  # every job of the sweep composes (another engineer owns the recipes and attentions)

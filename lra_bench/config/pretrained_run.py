@@ -13,7 +13,7 @@ own fingerprint and its settings (`PretrainedSource.describe`).
 
 Here, below the run, because deriving those keys is part of settling a config: the protocol check
 (`lra_bench.config.conformance`) derives them as the run does. Loading the encoder is the run's
-(`lra_bench.run.pretrained`).
+(`lra_bench.run.pretrain.load_encoder`).
 """
 
 from __future__ import annotations

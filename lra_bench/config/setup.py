@@ -11,8 +11,8 @@ import warnings
 
 from omegaconf import OmegaConf
 
-from lra_bench.config.methods import leaderboard_attentions  # light: the registry finds its components when resolved
 from lra_bench.config.tuned import tuned_value
+from lra_bench.registry import ATTENTIONS  # light: it finds its components only when asked
 
 _DONE = False
 
@@ -95,6 +95,18 @@ def slurm_gpus(accelerator: str | None, devices: object) -> object:
     none otherwise. `accelerator=auto` (the default) asks for none, so the launcher works as-is on a CPU-only
     partition, where a GPU request is rejected (`sbatch: error: Invalid generic resource (gres) specification`)."""
     return devices if str(accelerator) in ("gpu", "cuda") else None
+
+
+def leaderboard_attentions() -> str:
+    """The `attn` values a leaderboard experiment sweeps (`conf/experiment/leaderboard/*.yaml`, through the
+    `${leaderboard_attentions:}` resolver): every attention the registry holds, comma-separated, in its order.
+
+    Why from the registry: a hard-coded list in three YAML files went stale as attentions were added (the published
+    low-rank and kernel baselines — linformer, performer, skyformer — were never on it); now a new attention joins
+    every leaderboard sweep by existing. `attn=...` on the command line replaces the list. Resolved only when Hydra
+    reads the sweep's parameters (it imports the attentions, hence torch): `--help` and `--cfg job` never resolve it.
+    """
+    return ",".join(ATTENTIONS.names())
 
 
 def quiet_third_party_warnings() -> None:

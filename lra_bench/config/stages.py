@@ -53,15 +53,12 @@ def resolve_stage(cfg: DictConfig) -> PretrainedSource | None:
     if stage not in STAGES:
         raise ConfigError(f"stage={stage!r}: expected one of {', '.join(STAGES)}")
     source, fingerprint = None, None
-    if stage == "pretrain":
-        if cfg.get("pretrained"):
-            raise ConfigError(
-                f"pretrained={cfg.pretrained}: stage=pretrain starts from scratch; drop pretrained= (or use "
-                "stage=supervised to fine-tune from it)"
-            )
-        check_pretrain_keys(cfg)
-        derived = str(cfg.objective)
-    elif stage == "spt":
+    if stage == "pretrain" and cfg.get("pretrained"):
+        raise ConfigError(
+            f"pretrained={cfg.pretrained}: stage=pretrain starts from scratch; drop pretrained= (or use "
+            "stage=supervised to fine-tune from it)"
+        )
+    if stage in ("pretrain", "spt"):
         check_pretrain_keys(cfg)
         derived = str(cfg.objective)
     elif cfg.get("pretrained"):

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from lra_bench.errors import ConfigError, IncompatibleCombination
-from lra_bench.record.checkpoint_file import require_usable
+from lra_bench.record.checkpoint_file import load_usable
 from lra_bench.registry import ATTENTIONS, AXES, SELECTORS, UnknownComponent
 
 SCHEDULES = ("linear", "cosine", "constant", "rsqrt", "onecycle")
@@ -86,15 +86,11 @@ def check_selector(cfg: DictConfig) -> None:
 
 def check_landmarks(cfg: DictConfig) -> None:
     m = cfg.attn.get("num_landmarks")
-    if m is None:
+    if m is None or m == "log2":
         return
-    seq_len = int(cfg.task.seq_len)
-    if isinstance(m, str):
-        if m != "log2":
-            raise ConfigError(f"attn.num_landmarks={m!r}: expected a positive integer or 'log2'")
-        return
-    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+    if not _is_int(m) or m < 1:
         raise ConfigError(f"attn.num_landmarks={m!r}: expected a positive integer or 'log2'")
+    seq_len = int(cfg.task.seq_len)
     if m > seq_len:
         raise ConfigError(f"attn.num_landmarks={m} exceeds task.seq_len={seq_len}; choose m <= {seq_len}")
 
@@ -191,12 +187,7 @@ RULES: dict[str, Rule] = {
     "train": BOOL,
     "test": BOOL,
     "print_config": BOOL,
-    "model.dim": integer(1),
-    "model.depth": integer(1),
-    "model.num_heads": integer(1),
-    "model.head_dim": integer(1),
-    "model.ffn_dim": integer(1),
-    "model.head_hidden": integer(1),
+    **{f"model.{size}": integer(1) for size in ("dim", "depth", "num_heads", "head_dim", "ffn_dim", "head_hidden")},
     "model.dropout": number(0.0, above=False, hi=1.0, below=True),
     "optim.lr": number(0.0),
     "optim.weight_decay": number(0.0, above=False),
@@ -316,7 +307,7 @@ def check_ckpt_path(cfg: DictConfig) -> None:
     path = Path(str(value)).expanduser()
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value}: no such file; use 'last', null, or an existing .ckpt")
-    require_usable(path, shown=value)
+    load_usable(path, shown=value)
 
 
 def check_writable(output_dir: str | Path, key: str = "output dir") -> None:

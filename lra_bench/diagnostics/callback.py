@@ -313,17 +313,14 @@ class DiagnosticsCallback(pl.Callback):
         }
 
     def log_to(self, trainer: pl.Trainer, diag: dict[str, Any]) -> None:
-        metrics: dict[str, float] = {}
-        for key in LOGGED:
-            if diag["summary"].get(key) is not None:
-                metrics[f"diag/{key}"] = float(diag["summary"][key])
+        def logged(values: dict[str, Any], prefix: str) -> dict[str, float]:
+            return {f"{prefix}/{key}": float(values[key]) for key in LOGGED if values.get(key) is not None}
+
+        metrics = logged(diag["summary"], "diag")
         for layer in diag["layers"]:
             prefix = f"diag/L{layer['layer']}"
-            for key, value in layer["extra"].items():
-                metrics[f"{prefix}/{key}"] = float(value)
+            metrics |= {f"{prefix}/{key}": float(value) for key, value in layer["extra"].items()}
             for head in layer["heads"]:
-                for key in LOGGED:
-                    if head.get(key) is not None:
-                        metrics[f"{prefix}/H{head['head']}/{key}"] = float(head[key])
+                metrics |= logged(head, f"{prefix}/H{head['head']}")
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)

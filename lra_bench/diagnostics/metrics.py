@@ -48,6 +48,7 @@ Cost: one k-means (O(n·r·d) per iteration) on top of the SVD every other quant
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 
@@ -228,11 +229,7 @@ def head_metrics(
 
 
 def median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    return statistics.median(values) if values else None
 
 
 #: per-head values that are bookkeeping, not quantities to summarise by a median

@@ -1,25 +1,20 @@
 """Pre-flight for the Hydra apps (`run.py`, `python -m lra_bench.bench`): compose what `@hydra.main` will compose,
 before Hydra prints a multi-line report or creates the output dir, and turn any mistake into one line, exit 2.
 
-Hydra reports a composition error (an unknown option `attn=fulll`, `Could not override` for a misspelt key, an
-override it cannot parse) in several lines and exits 1; and it creates the run dir (and writes `.hydra/` into it)
-before our code runs, so a run dir that is a file or not writable used to end in a traceback. `preflight` parses the
-command line the way Hydra does, composes the same overrides through `lra_bench.config.compose.compose_config` (no
-torch), and checks the paths the run will write. A multirun's jobs are composed and validated by the sweeper
-(`hydra_plugins.lra_bench_sweeper`), before any is launched; here only its common part is composed.
-`--help`, `--hydra-help`, `--info`, shell completion and other config dirs are left to Hydra. A single run's checked
-config is returned: the app keeps its digest (`lra_bench.preflight.digest`) and then calls its `@hydra.main` function,
-whose job compares the config Hydra composes for it with the one checked here.
+Hydra reports a composition error (`attn=fulll`, `Could not override` for a misspelt key, an override it cannot
+parse) in several lines and exits 1; and it creates the run dir (writing `.hydra/` into it) before our code runs, so a
+run dir that is a file or not writable ended in a traceback. `preflight` parses the command line the way Hydra does,
+composes the same overrides through `lra_bench.config.compose.compose_config` (no torch), and checks the paths the
+run will write; a multirun's jobs are composed and checked by the sweeper (`hydra_plugins.lra_bench_sweeper`), here
+only its common part. `--help`, `--info`, shell completion and other config dirs are left to Hydra. A single run's
+checked config is returned for `lra_bench.preflight.digest`, whose job compares it with what Hydra composes.
 
-A key added with `+` goes where no schema looks: Hydra suggests `+trainer.max_step=5` for a misspelt key, and the run
-then generated its data for minutes before `pl.Trainer` refused the argument. So a `+` (or `++`) key under a node the
-config already has is refused with a "did you mean" unless it is one of the open places where the tree takes new
-keys (`check_added_keys`); a new top-level key (`+notes.owner=…`) and Hydra's own config are left alone.
-
-A near miss comes first: Hydra answers `attn=nystorm` with the list of options and `trainer.max_step=5` with "to append
-to your config use +trainer.max_step=5" (advice that only leads to the refusal above). `composition_error` turns such
-an error into one line that names the near miss first (`attn=nystorm: attn has no option nystorm; did you mean
-attn=nystrom?`); Hydra's own words stay for what has no near miss.
+A `+key` goes where no schema looks: Hydra suggests `+trainer.max_step=5` for a misspelt key, and the run then
+generated its data for minutes before `pl.Trainer` refused the argument. So a `+`/`++` key under a node the config
+already has is refused with a "did you mean" unless the tree takes new keys there (`check_added_keys`). And a near
+miss comes first: `composition_error` turns Hydra's list of options for `attn=nystorm`, or its "to append to your
+config use +trainer.max_step=5" (advice that only leads to that refusal), into one line naming the near miss (`attn
+has no option nystorm; did you mean attn=nystrom?`); Hydra's own words stay for what has no near miss.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reading a checkpoint file: the names in a run's `checkpoints/`, the one way a checkpoint is loaded (on the CPU,
 `weights_only=True`), whether a file can be resumed or tested from, and the metadata the harness stamps into it.
 
-Below the run and the config checks alike: the pre-flight checks an explicit `ckpt_path` with `require_usable`, a
+Below the run and the config checks alike: the pre-flight checks an explicit `ckpt_path` with `load_usable`, a
 fine-tune's `pretrained=` is located and checked before anything is built (`lra_bench.config.pretrained_run`), the
 evaluation entry and the reproduction pages read checkpoints, and the run resumes from them
 (`lra_bench.run.checkpoints`, which also writes them and stamps the metadata, `IdentityStamp`). torch loads only
@@ -61,9 +61,9 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 def load_usable(path: str | Path, shown: object = None) -> dict[str, Any]:
-    """The checkpoint at `path`, or a one-line `ConfigError` when it cannot be resumed or tested from (`shown`: the
-    value as the user typed it, for the message). The one check behind an explicit `ckpt_path` (pre-flight) and
-    every later load."""
+    """The checkpoint at `path` (weights-only), or a one-line `ConfigError` when it cannot be resumed or tested from
+    (`shown`: the value as the user typed it, for the message). The one check behind an explicit `ckpt_path`
+    (pre-flight) and every later load."""
     checkpoint, problem = read_checkpoint(Path(path))
     if checkpoint is None:
         raise ConfigError(
@@ -73,20 +73,9 @@ def load_usable(path: str | Path, shown: object = None) -> dict[str, Any]:
     return checkpoint
 
 
-def require_usable(path: str | Path, shown: object = None) -> None:
-    """`load_usable` for a check only (the pre-flight of an explicit `ckpt_path`)."""
-    load_usable(path, shown)
-
-
 #: where the harness's metadata sits in every checkpoint it writes (`lra_bench.run.checkpoints.IdentityStamp`)
 META_KEY = "lra_bench"
 META_FORMAT = "lra-bench/checkpoint-meta/1"
-
-
-def load(path: str | Path) -> dict[str, Any]:
-    """The checkpoint at `path` (weights-only), or a one-line `ConfigError` saying why it cannot be used."""
-    require_usable(path)
-    return load_checkpoint(path)
 
 
 def meta_of(checkpoint: dict[str, Any]) -> dict[str, Any] | None:

@@ -74,14 +74,8 @@ def write_curves(run_dir: Path, record: dict[str, Any]) -> Path | None:
     left, right = fig.subplots(1, 2)
     left.plot(loss["step"], loss[TRAIN_LOSS], color="C0", lw=1.2)
     if loss.empty:
-        left.text(
-            0.5,
-            0.5,
-            "no train loss logged yet\n(every trainer.log_every_n_steps)",
-            ha="center",
-            va="center",
-            transform=left.transAxes,
-        )
+        note = "no train loss logged yet\n(every trainer.log_every_n_steps)"
+        left.text(0.5, 0.5, note, ha="center", va="center", transform=left.transAxes)
     left.set(xlabel="step", ylabel="train loss (cross-entropy)", title="train loss")
     right.plot(acc["step"], 100 * acc[VAL_ACC], "o-", color="C1", ms=3, lw=1.2, label="val accuracy")
     read = typed(record)

@@ -176,6 +176,23 @@ def predates_data_tokens(identity: Mapping[str, Any]) -> bool:
     return not any(k in identity for k in DATA_KEYS) and any(k in identity for k in LEGACY_DATA_KEYS)
 
 
+def data_differs(stated: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """Why the data a record states (`stated`: its `data` section) is not the data `now` describes, or None when its
+    source files (`origin.fingerprint`, their sha256) and its tokenizer are the same. A record that states no sha256
+    is never the same: the run dir's take-over of a folder from before `data.tokens` and the upgrade command both ask
+    this before they give an old identity today's data part."""
+    before = (stated.get("origin") or {}).get("fingerprint")
+    after = (now.get("origin") or {}).get("fingerprint")
+    if before is None:
+        return "its record states no sha256 of its source files"
+    if before != after or stated.get("tokenizer_version") != now.get("tokenizer_version"):
+        return (
+            f"its source files or tokenizer differ now (sha256 {before} → {after}, tokenizer "
+            f"{stated.get('tokenizer_version')} → {now.get('tokenizer_version')})"
+        )
+    return None
+
+
 def data_identity(tokens: str | None) -> dict[str, Any]:
     """The identity keys of the data: the digest of its tokenized splits (`tasks.cache.tokens_digest`)."""
     return {"data.tokens": tokens}

@@ -54,7 +54,6 @@ from tasks.files import atomic_path
 
 READABLE_VERSIONS = (1, 2)
 FILENAME = "results.json"
-FINAL_STATUSES = ("completed", "evaluated")  # a record in one of these is never rewritten by re-running it
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 METRIC_KEYS = Metrics.keys()

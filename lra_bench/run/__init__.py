@@ -12,6 +12,5 @@ recorder     the per-example test outputs and the one writer of `results.json`
 terminal     run.log, what the terminal shows, progress bars and status lines
 console      the config tree at start, the opening line and the summary at the end
 evaluation   the stage that tests one checkpoint (`train=false`)
-pretrain     the self-pretraining stage and `stage=spt` (pretrain, then fine-tune)
-pretrained   fine-tuning from a pretraining run: find it, check it, load its encoder
+pretrain     the self-pretraining stage, `stage=spt` (pretrain, then fine-tune), a fine-tune's pretrained encoder
 """

@@ -1,23 +1,15 @@
-"""Building a run: the user's callbacks, the data module and the network from a composed config, and what both stages
-that run a Trainer build the same way (the LightningModule, the Trainer's arguments and plugins).
+"""Building a run from its composed config: the data module, the network (with one attention per block), the
+LightningModule, the Trainer's arguments and plugins, the data on every rank, and the user's callbacks.
 
-Lightning callbacks a user adds as `_target_` nodes under `callbacks:` (a config, or the command line:
-`+callbacks.lr_monitor._target_=pytorch_lightning.callbacks.LearningRateMonitor`).
+The one place that turns config nodes into components through `lra_bench.registry`: training, evaluation and the
+approximation study's model capture all build through it, so a checkpoint is always rebuilt the way it was made;
+both stages that run a Trainer (`train`, `evaluation`) import it from here.
 
 The harness's own callbacks are built in `lra_bench.run.train` (each carries a guarantee: resume, NaN stop, the
-record's numbers), so a config cannot drop one by accident; `_target_` nodes only add. Their targets are checked
+record's numbers), so a config cannot drop one by accident; a user's `_target_` nodes under `callbacks:`
+(`+callbacks.lr_monitor._target_=pytorch_lightning.callbacks.LearningRateMonitor`) only add. Their targets are checked
 when the run starts (`lra_bench.config.validate.check_callback_targets`); building one that fails, or that is not a
 Lightning callback, is one line naming the node.
-
-From a composed config to the objects of a run: the data module, the network (with one attention per block).
-
-The one place that turns config nodes into components through `lra_bench.registry`; training, evaluation and the
-approximation study's model capture all build through it, so a checkpoint is always rebuilt the way it was made.
-
-What both stages that run a Trainer (`train`, `evaluation`) build the same way: the LightningModule, the
-Trainer's arguments and plugins, and the data on every rank.
-
-Both import them from here (evaluation once imported them from `train`, private helpers included: an import cycle).
 """
 
 from __future__ import annotations
@@ -40,12 +32,9 @@ from lra_bench.kit.plain import plain_dict
 from lra_bench.registry import TASKS, attention_factory, selector_node
 from lra_bench.run import pretrain
 from lra_bench.run.module import LRAModule
-from lra_bench.run.pretrained import load_encoder
 from models.build import build_classifier
 from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import extra_tokens
-
-# --- user callbacks ------------------------------------------------------------------------------------------------
 
 
 def instantiate_callbacks(cfg: DictConfig) -> list[pl.Callback]:
@@ -63,9 +52,6 @@ def instantiate_callbacks(cfg: DictConfig) -> list[pl.Callback]:
             )
         out.append(callback)
     return out
-
-
-# --- build ---------------------------------------------------------------------------------------------------------
 
 
 def build_datamodule(cfg: DictConfig) -> Any:
@@ -141,9 +127,6 @@ def check_run_config(cfg: DictConfig) -> None:
     build_datamodule(cfg)
 
 
-# --- parts ---------------------------------------------------------------------------------------------------------
-
-
 def build_module(
     cfg: DictConfig, dm: Any, source: PretrainedSource | None = None, pretrain_info: dict[str, Any] | None = None
 ) -> pl.LightningModule:
@@ -156,8 +139,8 @@ def build_module(
         return pretrain.build_pretrain_module(cfg, dm, model, {k: v for k, v in pretrain_info.items() if k != "curve"})
     if isinstance(model, LanguageModel):
         raise TypeError("a LanguageModel outside stage=pretrain")
-    if source is not None:  # pretrained=: the pretrained encoder, a fresh head (lra_bench.run.pretrained)
-        load_encoder(model, source)
+    if source is not None:  # pretrained=: the pretrained encoder, a fresh head
+        pretrain.load_encoder(model, source)
     return LRAModule(model, dm.num_classes, plain_dict(cfg.optim), int(cfg.trainer.max_steps))
 
 

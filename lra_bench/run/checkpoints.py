@@ -1,68 +1,50 @@
-"""Checkpoints and resume: how each file is written (atomically, `RunCheckpointIO`), what is saved when and which
-file a resume picks (`LastCheckpoint`, `find_resumable`), who requeues (`SubmititRequeue`), the NaN stop and the RNG
-state, and what a checkpoint says about the experiment that made it (`IdentityStamp`, `check_fits`).
+"""Checkpoints and resume: how each file is written (`RunCheckpointIO`), what is saved when and which file a resume
+picks (`LastCheckpoint`, `find_resumable`), who requeues (`SubmititRequeue`), the NaN stop and the RNG state, and what
+a checkpoint says about the experiment that made it (`IdentityStamp`, `check_fits`). Reading a checkpoint file is
+`lra_bench.record.checkpoint_file`'s, below the run: the pre-flight and the config checks read them too.
 
-How every checkpoint of a run is written and read: Lightning's `TorchCheckpointIO`, with two changes.
+Lightning's parts where they give the guarantee, ours where they do not — checked against the installed
+pytorch-lightning 2.6.6 by tests/test_lightning_parts.py, which fails the day Lightning changes:
 
-* **Atomic in the checkpoint's own folder.** Lightning 2.6.6 writes through an fsspec transaction: `torch.save`
-  into a temp file from `tempfile.mkstemp()` (in `$TMPDIR`), then `shutil.move` onto the final path. That is a
-  rename only when `$TMPDIR` and the run dir share a filesystem; across filesystems (a node-local /tmp, a run dir
-  on shared storage) `shutil.move` copies into the final path, and a full disk or a kill mid-copy leaves a
-  truncated file there. Measured with 2.6.6: a 160 kB checkpoint saved into a 96 kB tmpfs raised ENOSPC and left
-  a 96 kB `best-4.ckpt` that does not load. Here the temp file is this process's own file beside the target
-  (`tasks.files.unique_tmp`), renamed into place; on any failure it is removed and the target keeps its
-  previous content. The whole checkpoint also never has to fit into `$TMPDIR`.
-* **A resume reads its file once.** The run validates the checkpoint it resumes from by loading it (weights-only,
-  `lra_bench.record.checkpoint_file.read_checkpoint`) and checks its identity on that same dict; `preload` hands the
-  dict to Lightning's `trainer.fit(ckpt_path=…)`, which would otherwise read the file again. The hand-over is
-  one-shot and keyed by the resolved path, so any other load (the best checkpoint for the test) reads its file.
-
-Only global rank 0 saves (Lightning's strategy calls `save_checkpoint` on rank 0 only). Reading a checkpoint (the one
-load, whether a file is usable, its metadata) is `lra_bench.record.checkpoint_file`'s, below the run: the pre-flight
-and the config checks read checkpoints too.
-
-Checkpoints for long, preemptible runs: what is saved when, how a resume picks its file, and who requeues.
-
-Why these parts exist:
-
-* Lightning's parts where they give the guarantee, ours where they do not — checked against the installed
-  pytorch-lightning 2.6.6 by tests/test_lightning_parts.py, which fails the day Lightning changes:
-  - best-val checkpoints are Lightning's `ModelCheckpoint`; every file is written atomically in its own folder by
-    the run's `CheckpointIO` plugin (`RunCheckpointIO`: why Lightning's own write is not, above);
-  - `last.ckpt` is ours. `ModelCheckpoint(save_last=True, every_n_train_steps=N)` writes it every N steps, but after
-    a validation only when a top-k file was written at that step, and at the end of training only if it never
-    wrote one (`on_train_end` checks `_last_checkpoint_saved`): a run whose `max_steps` is not a multiple of N never
-    has its final state in `last.ckpt`. It also keeps no previous file.
-    `LastCheckpoint` writes it every `every_n_train_steps`, after every validation, at the end of training and at
-    a stop signal's step boundary; the previous one is kept as `last-prev.ckpt` (the new one is complete before the
-    old one moves: a kill mid-write never leaves a half file as `last.ckpt`, a full disk leaves no temp file);
-  - the save at a stop signal is ours too: `ModelCheckpoint(save_on_exception=True)` and `OnExceptionCheckpoint`
-    save on every exception, the NaN stop of `FiniteGuard` included, i.e. exactly the poisoned weights that stop
-    exists to keep out of the checkpoints. `LastCheckpoint.on_exception` saves only on `SIGTERMException` (a clean
-    step boundary: SIGTERM, or Ctrl-C through `lra_bench.run.signals`).
-* `find_resumable` validates `last.ckpt` by loading it with `weights_only=True`; a truncated or unreadable file
-  falls back to `last-prev.ckpt`, then to the newest `best-*.ckpt`, with a warning naming what was skipped. The
-  loaded checkpoint travels with the `Resume` (identity check, step, and Lightning's restore through
-  `RunCheckpointIO.preload`): a resume reads its file once.
-* `FiniteGuard` stops the run when a parameter turns NaN/Inf after an optimizer step, before any checkpoint
-  callback runs (Lightning orders checkpoint callbacks last), so the last good checkpoint is never overwritten
-  by a poisoned state. The LightningModule already refuses a non-finite loss.
+* **Atomic writes in the checkpoint's own folder** (`RunCheckpointIO`). Lightning writes through an fsspec
+  transaction: `torch.save` into a `tempfile.mkstemp()` file in `$TMPDIR`, then `shutil.move` onto the final path —
+  a copy, not a rename, when `$TMPDIR` is another filesystem (a node-local /tmp, a run dir on shared storage), so a
+  full disk or a kill mid-copy leaves a truncated file (measured: a 160 kB checkpoint saved into a 96 kB tmpfs left a
+  96 kB `best-4.ckpt` that does not load). Here the temp file is this process's own beside the target
+  (`tasks.files.unique_tmp`), renamed into place, removed on any failure; the target keeps its previous content,
+  and the checkpoint never has to fit into `$TMPDIR`.
+* **`last.ckpt` is ours** (`LastCheckpoint`). `ModelCheckpoint(save_last=True, every_n_train_steps=N)` writes it after
+  a validation only when a top-k file was written at that step, and at the end of training only if it never wrote
+  one: a run whose `max_steps` is not a multiple of N never has its final state in it, and it keeps no previous
+  file. Ours writes it every `every_n_train_steps`, after every validation, at the end of training and at a stop
+  signal's step boundary, keeping the previous one as `last-prev.ckpt` (the new one is complete before the old one
+  moves: a kill mid-write never leaves a half file as `last.ckpt`, a full disk leaves no temp file). Best-val
+  checkpoints are Lightning's `ModelCheckpoint`.
+* **The save at a stop signal is ours too**: `save_on_exception=True` and `OnExceptionCheckpoint` save on every
+  exception, the NaN stop included — exactly the poisoned weights that stop exists to keep out.
+  `LastCheckpoint.on_exception` saves only on `SIGTERMException` (a clean step boundary: SIGTERM, or Ctrl-C through
+  `lra_bench.run.signals`).
+* **A resume reads its file once.** `find_resumable` validates `last.ckpt` by loading it weights-only (a truncated
+  or unreadable file falls back to `last-prev.ckpt`, then the newest `best-*.ckpt`, with a warning naming what was
+  skipped); the identity check runs on that dict, and `RunCheckpointIO.preload` hands it to Lightning's
+  `trainer.fit(ckpt_path=…)`. The hand-over is one-shot and keyed by the resolved path.
+* `FiniteGuard` stops the run when a parameter turns NaN/Inf in an optimizer step, before any checkpoint callback
+  runs (Lightning orders those last), so the last good checkpoint is never overwritten by a poisoned state.
 * `RNGState` checkpoints the global RNGs (dropout), restored at train start: with the data order restored by
-  `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one.
-  (Lightning has no callback for this; `torch.random.fork_rng` guards the RNG where diagnostics must not draw.)
-* `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off (see
-  `lra_bench.run.build.slurm_plugins`) and submitit's USR2 handler owns requeueing. We only defer it to the next
-  step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step (and its validation) and raises
-  `SIGTERMException` → `LastCheckpoint` saves → `train()` records the stop and calls submitit's own handler,
-  which requeues the job and exits. If no step boundary comes within `grace_s` (half the launcher's
-  `signal_delay_s`), an alarm hands over to submitit at once (the periodic `last.ckpt` then serves). A plain
-  SIGTERM (`scontrol requeue`, preemption, `scancel`) takes the same graceful path within SLURM's KillWait;
-  SLURM itself requeues those jobs.
+  `tasks.base.ResumableSampler`, a killed-and-resumed run ends with the same weights as an uninterrupted one
+  (Lightning has no callback for this; `torch.random.fork_rng` guards the RNG where diagnostics must not draw).
+* `SubmititRequeue`: exactly one requeue owner. Under submitit, Lightning's SLURM auto-requeue is off
+  (`lra_bench.run.build.slurm_plugins`) and submitit's USR2 handler owns requeueing; we only defer it to the next
+  step boundary: USR2 → SIGTERM to ourselves → Lightning finishes the step and raises `SIGTERMException` →
+  `LastCheckpoint` saves → `train()` records the stop and calls submitit's handler, which requeues and exits. If no
+  step boundary comes within `grace_s` (half the launcher's `signal_delay_s`), an alarm hands over at once (the
+  periodic `last.ckpt` then serves). A plain SIGTERM (`scontrol requeue`, preemption, `scancel`) takes the same
+  graceful path within SLURM's KillWait; SLURM itself requeues those jobs.
 
-What a checkpoint says about the experiment that made it, and the checks a run makes before using one.
+Only global rank 0 saves. The callbacks' state keys are their class names (Lightning's default): a renamed class
+would orphan the state in older checkpoints.
 
-Every checkpoint the harness writes carries, under the top-level key `lra_bench` (plain types, so it loads with
-`weights_only=True`):
+Every checkpoint the harness writes carries, under the top-level key `lra_bench` (plain types: weights-only loadable):
 
     format       "lra-bench/checkpoint-meta/1"
     fingerprint  the run's fingerprint (`lra_bench.record.identity.fingerprint`)
@@ -73,9 +55,9 @@ Every checkpoint the harness writes carries, under the top-level key `lra_bench`
                  the kernel choices it ran with, `attn.kernel` / `model.kernels`, so a resume on the other path shows)
 
 Before a checkpoint is used (resumed, or tested by the eval entry), `check_fits` refuses with one line a file that
-does not load, or one made by another model: its `ARCHITECTURE` keys (task shape, model, attention, selector) differ
-from the run's ("checkpoint X was made with attn.name="nystrom", model.dim=64; this run has …"). A checkpoint
-without the metadata (written before it existed, or by hand) is checked by its state dict's names and shapes.
+does not load, or one made by another model: its `ARCHITECTURE` keys differ from the run's ("checkpoint X was made
+with attn.name="nystrom", model.dim=64; this run has …"). A checkpoint without the metadata is checked by its state
+dict's names and shapes.
 """
 
 from __future__ import annotations
@@ -102,12 +84,10 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from lra_bench.errors import ConfigError
 from lra_bench.kit.say import say
 from lra_bench.record.builder import now
-from lra_bench.record.checkpoint_file import LAST, META_FORMAT, META_KEY, PREV, load, meta_of, read_checkpoint
+from lra_bench.record.checkpoint_file import LAST, META_FORMAT, META_KEY, PREV, load_usable, meta_of, read_checkpoint
 from lra_bench.record.identity import architecture, describe, differing_keys, kernel_choices
 from lra_bench.record.provenance import code_label
 from tasks.files import make_readable, unique_tmp
-
-# --- checkpoint io -------------------------------------------------------------------------------------------------
 
 
 class RunCheckpointIO(TorchCheckpointIO):
@@ -147,9 +127,6 @@ class RunCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)  # a failed write: no partial file, the target keeps its previous content
 
 
-# --- checkpointing -------------------------------------------------------------------------------------------------
-
-
 # -- choosing the checkpoint to resume from ----------------------------------------------------------------------
 def _best_step(path: Path) -> int:
     match = re.search(r"(\d+)", path.stem)
@@ -176,19 +153,17 @@ def find_resumable(ckpt_dir: Path) -> Resume:
     ckpt_dir = Path(ckpt_dir)
     candidates = [ckpt_dir / LAST, ckpt_dir / PREV]
     candidates += sorted(ckpt_dir.glob("best-*.ckpt"), key=_best_step, reverse=True)
-    resume = Resume()
-    for path in candidates:
-        if not path.exists():
-            continue
+    resume, skipped = Resume(), []
+    for path in filter(Path.exists, candidates):
         checkpoint, problem = read_checkpoint(path)
         if checkpoint is not None:
-            passed_over, resume = resume.skipped, Resume.of(path, checkpoint)
-            resume.skipped = passed_over
+            resume = Resume.of(path, checkpoint)
             break
-        resume.skipped.append((str(path), str(problem)))
-    for skipped, problem in resume.skipped:
+        skipped.append((str(path), str(problem)))
+    resume.skipped = skipped
+    for passed_over, problem in skipped:
         rank_zero_warn(
-            f"checkpoint {skipped} is corrupt or unreadable ({problem}); "
+            f"checkpoint {passed_over} is corrupt or unreadable ({problem}); "
             + (f"resuming from {resume.path} (step {resume.step}) instead" if resume.path else "starting fresh")
         )
     return resume
@@ -206,10 +181,6 @@ class LastCheckpoint(Checkpoint):
         self.dirpath = Path(dirpath)
         self.every_n_train_steps = int(every_n_train_steps or 0)
         self.saved_step: int | None = None
-
-    @property
-    def state_key(self) -> str:
-        return "LastCheckpoint"
 
     def save(self, trainer: pl.Trainer) -> None:
         last, prev = self.dirpath / LAST, self.dirpath / PREV
@@ -231,10 +202,9 @@ class LastCheckpoint(Checkpoint):
         return trainer.state.fn == "fit" and not trainer.sanity_checking and not getattr(trainer, "fast_dev_run", False)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        step = trainer.global_step
-        if self.every_n_train_steps and step % self.every_n_train_steps == 0 and step != self.saved_step:
-            if self._fitting(trainer):
-                self.save(trainer)
+        step, every = trainer.global_step, self.every_n_train_steps
+        if every and step % every == 0 and step != self.saved_step and self._fitting(trainer):
+            self.save(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # also at a step already saved: the post-validation state carries the new best score
@@ -249,9 +219,9 @@ class LastCheckpoint(Checkpoint):
         # Lightning raises SIGTERMException at a clean step boundary (after the step's validation). Other
         # exceptions leave a state we do not trust. Multi-process: no collective save from an exception path.
         # (the run's last line says what is saved: `lra_bench.run.signals.StopSignals.stopped_line`)
-        if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and trainer.global_step > 0:
-            if trainer.global_step != self.saved_step:
-                self.save(trainer)
+        step = trainer.global_step
+        if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and 0 < step != self.saved_step:
+            self.save(trainer)
 
 
 # -- reliability ----------------------------------------------------------------------------------------------
@@ -276,10 +246,6 @@ class RNGState(pl.Callback):
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
-
-    @property
-    def state_key(self) -> str:
-        return "RNGState"
 
     def state_dict(self) -> dict[str, Any]:
         kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -329,27 +295,16 @@ def _handler_name(handler: Any) -> str:
     return f"{module.split('.')[0]}:{name}" if module else str(name)
 
 
-def describe_signal_handlers() -> dict[str, str]:
-    """Who handles USR1/USR2/TERM in this process right now (for the job log and the SLURM tests)."""
-    return {name: _handler_name(signal.getsignal(getattr(signal, name))) for name in ("SIGUSR1", "SIGUSR2", "SIGTERM")}
-
-
 def is_submitit_handler(handler: Any) -> bool:
     owner = getattr(handler, "__self__", None)
     return owner is not None and type(owner).__module__.startswith("submitit")
 
 
 class SubmititRequeue(Checkpoint):
-    """Under submitit, save `last.ckpt` at the next step boundary before submitit requeues (see module docstring).
-
-    Installed at train start only when submitit's USR2 handler is in place and the run is one process (in DDP,
-    submitit's handler stays as is and the periodic `last.ckpt` is the resume point). On USR2 it raises SIGTERM in
-    this process, so Lightning stops after the current step and its validation with `SIGTERMException`;
-    `LastCheckpoint.on_exception` saves; `lra_bench.run.train` then writes the record and calls `hand_over()`, which
-    runs submitit's own handler (launcher `checkpoint()`, `scontrol requeue`, `sys.exit`). An alarm after
-    `grace_s` hands over without the save if no step boundary comes in time. A `Checkpoint` subclass only so that
-    Lightning orders it after `LastCheckpoint`.
-    """
+    """Under submitit, save `last.ckpt` at the next step boundary before submitit requeues (the chain: module
+    docstring). Installed at train start only when submitit's USR2 handler is in place and the run is one process (in
+    DDP, submitit's handler stays as is and the periodic `last.ckpt` is the resume point). A `Checkpoint` subclass
+    only so that Lightning orders it after `LastCheckpoint`."""
 
     def __init__(self, grace_s: float = 60.0) -> None:
         self.grace_s = grace_s
@@ -357,19 +312,17 @@ class SubmititRequeue(Checkpoint):
         self._old_alarm: Any = None
         self.pending = False
 
-    @property
-    def state_key(self) -> str:
-        return "SubmititRequeue"
-
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         handler = signal.getsignal(signal.SIGUSR2)
         if "SLURM_JOB_ID" in os.environ and trainer.is_global_zero:
             env = trainer._accelerator_connector.cluster_environment
             owner = "submitit" if is_submitit_handler(handler) else "SLURM/sbatch (no submitit handler)"
+            handlers = (
+                f"{k}={_handler_name(signal.getsignal(getattr(signal, k)))}" for k in ("SIGUSR1", "SIGUSR2", "SIGTERM")
+            )
             say(
                 f"[lra-bench] requeue owner: {owner}; lightning cluster_environment={type(env).__name__} "
-                f"auto_requeue={getattr(env, 'auto_requeue', None)}; signal handlers: "
-                + ", ".join(f"{k}={v}" for k, v in describe_signal_handlers().items())
+                f"auto_requeue={getattr(env, 'auto_requeue', None)}; signal handlers: " + ", ".join(handlers)
             )
         if trainer.world_size == 1 and is_submitit_handler(handler):
             self._submitit_handler = handler
@@ -413,15 +366,7 @@ class SubmititRequeue(Checkpoint):
         self._restore()
 
 
-def log_resume(resume: Resume) -> None:
-    """Said on the terminal (a Lightning info record would go to run.log only: `lra_bench.run.terminal`)."""
-    if resume.path and getattr(rank_zero_only, "rank", 0) == 0:
-        say(f"[lra-bench] resuming from {resume.path} (step {resume.step})")
-
-
-# --- checkpoint identity -------------------------------------------------------------------------------------------
-
-
+# -- checkpoint identity -----------------------------------------------------------------------------------------
 class IdentityStamp(pl.Callback):
     """Writes the run's identity into every checkpoint and keeps the list of training segments: each attempt's
     start (`started_at`, `from_step`, `code`, and the `kernels` it computes with: a checkpoint resumes under the
@@ -432,10 +377,6 @@ class IdentityStamp(pl.Callback):
         self.identity, self.fingerprint, self.config, self.code = identity, fingerprint, config, code
         self.segments: list[dict[str, Any]] = []
 
-    @property
-    def state_key(self) -> str:
-        return "IdentityStamp"
-
     def state_dict(self) -> dict[str, Any]:
         return {"segments": list(self.segments)}
 
@@ -443,14 +384,8 @@ class IdentityStamp(pl.Callback):
         self.segments = list(state_dict.get("segments", []))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.segments.append(
-            {
-                "started_at": now(),
-                "from_step": int(trainer.global_step),
-                "code": self.code,
-                "kernels": kernel_choices(self.identity),
-            }
-        )
+        start = {"started_at": now(), "from_step": int(trainer.global_step), "code": self.code}
+        self.segments.append({**start, "kernels": kernel_choices(self.identity)})
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if self.segments:  # how far this attempt got, and when: a segment's wall time is saved_at − started_at
@@ -472,7 +407,7 @@ def check_fits(
     made by another model than `identity` describes (or, without metadata, when its state dict does not fit
     `module`). Returns the checkpoint."""
     if checkpoint is None:
-        checkpoint = load(path)
+        checkpoint = load_usable(path)
     meta = meta_of(checkpoint)
     if meta is not None:
         made, this = architecture(meta.get("identity") or {}), architecture(identity)
@@ -501,25 +436,21 @@ def state_dict_mismatch(saved: dict[str, Any], expected: dict[str, Any]) -> str 
         for k, v in expected.items()
         if k in saved and hasattr(v, "shape") and v.numel() > 0 and tuple(saved[k].shape) != tuple(v.shape)
     ]
-    parts = []
-    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
-        if items:
-            parts.append(f"{label}: {', '.join(items[:3])}{', …' if len(items) > 3 else ''}")
+    found = (("missing", missing), ("unexpected", unexpected), ("shape", shapes))
+    parts = [f"{label}: {', '.join(items[:3])}{', …' if len(items) > 3 else ''}" for label, items in found if items]
     return "; ".join(parts) or None
 
 
-def warn_if_code_changed(checkpoint: dict[str, Any], code: dict[str, Any], path: str) -> str | None:
-    """Warn (and return the warning) when the code differs from the one that wrote `checkpoint`'s last segment."""
+def warn_if_code_changed(checkpoint: dict[str, Any], code: dict[str, Any], path: str) -> None:
+    """Warn when the code differs from the one that wrote `checkpoint`'s last segment."""
     meta = meta_of(checkpoint)
-    if meta is None:
-        return None
-    before = meta.get("code") or {}
-    if (before.get("commit"), before.get("dirty")) == (code.get("commit"), code.get("dirty")):
-        return None
-    message = (
+    before = (meta or {}).get("code") or {}
+    same = (before.get("commit"), before.get("dirty")) == (code.get("commit"), code.get("dirty"))
+    if meta is None or same or getattr(rank_zero_only, "rank", 0) != 0:
+        return
+    print(
         f"[lra-bench] warning: the code changed since {path} was written ({code_label(before)} → "
-        f"{code_label(code)}); resuming anyway — the record lists every segment's code in run.segments"
+        f"{code_label(code)}); resuming anyway — the record lists every segment's code in run.segments",
+        file=sys.stderr,
+        flush=True,
     )
-    if getattr(rank_zero_only, "rank", 0) == 0:
-        print(message, file=sys.stderr, flush=True)
-    return message

@@ -163,13 +163,13 @@ def print_summary(record: dict[str, Any]) -> None:
             ("checkpoint step", _fmt(evaluation.get("checkpoint_step"))),
             ("test accuracy", _fmt(m.test_acc, "{:.4f}")),
         ]
-        rows = [*head, *test, *tail]
+        training = []
     else:
         head = [
             ("val accuracy (best)", _fmt(m.val_acc, "{:.4f}") + f"  at step {_fmt(m.best_step)}"),
             ("test accuracy (best-val ckpt)", _fmt(m.test_acc, "{:.4f}")),
         ]
-        rows = [*head, *test, *training, *tail]
+    rows = [*head, *test, *training, *tail]
     if read.error:
         rows.append(("error", str(read.error)))
     for key, value in rows:
@@ -184,36 +184,28 @@ def print_summary(record: dict[str, Any]) -> None:
     curves = Path(run_dir) / CURVES
     if curves.exists():
         console.print(f"curves:        {curves}", soft_wrap=True)
-    sync = wandb_sync_command(record)
-    if sync is not None:
+    if sync := wandb_sync_command(record):
         console.print(f"W&B offline:   {sync}    # uploads this run's W&B log", soft_wrap=True, highlight=False)
     for line in next_commands(record):
         console.print(line, soft_wrap=True, highlight=False)
 
 
-def offline_wandb_parts(record: dict[str, Any]) -> list[Path]:
-    """This run's W&B folders written in offline mode and not uploaded yet, oldest first.
+def wandb_sync_command(record: dict[str, Any]) -> str | None:
+    """The command that uploads the run's offline W&B log, or None when there is none to upload.
 
     W&B names a folder it writes offline `offline-run-<time>-<id>` (online: `run-…`), so the folders themselves say
     the logger ran offline, for this attempt and every earlier one of a resumed run (each writes a part with the
-    run's id); `wandb sync` leaves `run-<id>.wandb.synced` in a part it uploaded."""
+    run's id); `wandb sync` leaves `run-<id>.wandb.synced` in a part it uploaded. One part: `wandb sync <part>`; the
+    parts of a resumed run in start order with their shared id, which wandb needs to join them into one run (README,
+    "W&B offline, resumed runs")."""
     run = typed(record).run
     if not run.wandb_id:
-        return []
-    folders = (Path(str(run.output_dir)) / "wandb").glob(f"offline-run-*-{run.wandb_id}")
-    return sorted(p for p in folders if p.is_dir() and not any(p.glob("*.wandb.synced")))
-
-
-def wandb_sync_command(record: dict[str, Any]) -> str | None:
-    """The command that uploads the run's offline W&B log, or None when there is none to upload: `wandb sync
-    <part>` for one part; the parts of a resumed run in start order with their shared id, which wandb needs to join
-    them into one run (README, "W&B offline, resumed runs")."""
-    parts = offline_wandb_parts(record)
-    if not parts:
         return None
-    if len(parts) == 1:
-        return f"wandb sync {parts[0]}"
-    return f"wandb sync --id {record['run']['wandb_id']} {' '.join(map(str, parts))}"
+    folders = (Path(str(run.output_dir)) / "wandb").glob(f"offline-run-*-{run.wandb_id}")
+    parts = sorted(p for p in folders if p.is_dir() and not any(p.glob("*.wandb.synced")))
+    if len(parts) <= 1:
+        return f"wandb sync {parts[0]}" if parts else None
+    return f"wandb sync --id {run.wandb_id} {' '.join(map(str, parts))}"
 
 
 def resume_command(cfg: DictConfig, output_dir: Path) -> str:

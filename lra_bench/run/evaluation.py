@@ -1,16 +1,14 @@
 """Testing exactly one checkpoint: `python run.py train=false ckpt_path=PATH` and `python -m lra_bench.evaluate PATH`.
 
-The checkpoint's weights *and* buffers are loaded (GPA's codebook, Performer's features) by Lightning's own
-`trainer.test(ckpt_path=...)`, after `checkpoints.check_fits` has refused a checkpoint of another model.
-So its test accuracy and loss are the ones its training run recorded when it tested that checkpoint (same
-per-example computation: `lra_bench.run.recorder`).
+The checkpoint's weights *and* buffers (GPA's codebook, Performer's features) are loaded by Lightning's own
+`trainer.test(ckpt_path=...)`, after `checkpoints.check_fits` has refused a checkpoint of another model, so its test
+accuracy and loss are the ones its training run recorded for it (same per-example computation).
 
-Where the record goes: an evaluation writes `results.json` with status `evaluated` (and `evaluation` =
-{checkpoint, checkpoint_step, checkpoint_fingerprint}) plus `test_predictions.npz` into its own folder, never
-into a training run's: `run.py train=false` into its Hydra run dir (the overrides, `ckpt_path` and `train=false`
-included, name it), `python -m lra_bench.evaluate` into `<run dir>/eval/<checkpoint name>/` or `--out DIR`. A folder
-holding a training record is refused. Re-running the same evaluation leaves its record byte-identical (`retest=true`
-/ `--retest` tests again). The leaderboard lists evaluations apart and never counts them as training runs.
+An evaluation writes `results.json` with status `evaluated` (and `evaluation` = {checkpoint, checkpoint_step,
+checkpoint_fingerprint}) plus `test_predictions.npz` into its own folder, never into a training run's (a folder
+holding a training record is refused): `run.py train=false` into its Hydra run dir, `python -m lra_bench.evaluate`
+into `<run dir>/eval/<checkpoint name>/` or `--out DIR`. Re-running the same evaluation leaves its record
+byte-identical (`retest=true` / `--retest` tests again). The leaderboard never counts evaluations as training runs.
 """
 
 from __future__ import annotations
@@ -96,8 +94,7 @@ def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         pl.seed_everything(int(cfg.seed), workers=True)
         dm = build_datamodule(cfg)
         prepare_data(dm, output_dir, is_zero)
-        record.data.update(dm.data_info())
-        record.data.update({"majority_share": majority_share(dm) if is_zero else None})
+        record.data.update({**dm.data_info(), "majority_share": majority_share(dm) if is_zero else None})
         module = build_module(cfg, dm)
         found = identify(record, dm)
         record.set_identity(found)

@@ -1,48 +1,36 @@
-"""What a run measures and where its metrics go: the efficiency callback (`EfficiencyMonitor`) and the loggers (CSV,
-W&B).
+"""What a run measures and where its metrics go: the efficiency callback (`EfficiencyMonitor`: step time, tokens/s,
+share of time waiting for data, peak memory, parameters) and the loggers (CSV, W&B).
 
-Efficiency callbacks: step time, tokens/s, share of time waiting for data, peak memory, parameters.
+Step time is measured around each training batch with CUDA synchronised at both ends (otherwise it measures kernel
+launches), excluding each process's first `warmup` steps; the median is reported, with how much to trust it:
+`timed_steps`, `step_time_iqr_s` (the spread) and `load_avg_1m` (the machine's load at the timed steps: a busy
+machine slows every step). The wait between one batch's end and the next batch's start is data loading, `data_share`.
 
-Step time is measured around each training batch with CUDA synchronised at both ends (otherwise it
-measures kernel launches), excluding the first `warmup` steps; the median is reported. The wait between one
-batch's end and the next batch's start is data loading: its share of wall-clock is `data_share`.
-
-A resumed run merges its segments: the samples (step times, data waits, tokens per step) and the peak memory so
-far travel in every checkpoint (`state_dict`), so the record of a run killed and resumed summarises all the steps
-that made its weights, not only the last segment's. Each segment skips its own first `warmup` steps (a new process
-warms up again). Steps re-run after a kill are measured once: the checkpoint holds the samples up to its step.
-Samples travel with the machine they were timed on (`env.hardware`, as `compare` matches it): a run resumed on
-another machine (a later session's AVX2 machine under the same CPU name as an AVX-512 one, other threads, a GPU)
-drops the earlier segments' timing samples and says so, since the record names one machine and a median over two
-would belong to neither. The peak memory is kept: it is the run's, wherever it was reached.
-
-How much to trust the median travels with it: `timed_steps` (how many step times it is over), `step_time_iqr_s`
-(their spread) and `load_avg_1m` (the machine's 1-minute load average at the timed steps: a busy machine slows every
-step), all over the merged samples of every segment.
+A resumed run merges its segments: the samples and the peak memory so far travel in every checkpoint (`state_dict`),
+so the record of a run killed and resumed summarises all the steps that made its weights (steps re-run after a kill
+are measured once). Samples travel with the machine they were timed on (`env.hardware`, as `compare` matches it): a
+run resumed on another machine drops the earlier segments' timing samples and says so, since a median over two
+machines would belong to neither. The peak memory is kept: it is the run's, wherever it was reached.
 
 Peak memory is this run's own, not the process's: under Hydra's basic launcher every job of a sweep trains in one
-process, whose lifetime peak (`ru_maxrss`, which cannot be reset) only rises in launch order. On CUDA the allocator's
-peak is reset at the start of training (`cuda_max_allocated`). On CPU the heap a previous job freed is handed back
-to the kernel (glibc `malloc_trim`: `lra_bench.runtime` keeps freed memory otherwise) and the kernel's high-water mark
-of the resident set is reset (`/proc/self/clear_refs` ← 5, Linux >= 4.0): the peak is then the highest resident set
-while this run trained (`rss_hwm_since_train_start`). Where that reset is not available the resident set is sampled
-after every step instead (`rss_sampled_at_steps`: a peak inside a step can be missed).
+process, whose lifetime peak (`ru_maxrss`) only rises. On CUDA the allocator's peak is reset at the start of training
+(`cuda_max_allocated`). On CPU the heap a previous job freed is handed back to the kernel (`lra_bench.memory.settle`)
+and the kernel's high-water mark of the resident set is reset (`/proc/self/clear_refs` ← 5, Linux >= 4.0:
+`rss_hwm_since_train_start`); where that is not available the resident set is sampled after every step
+(`rss_sampled_at_steps`: a peak inside a step can be missed).
 
-Loggers: CSV always works; W&B offline by default (no account), its run id kept in the run dir so a
-resumed or requeued job continues the same W&B run. The API key is never written anywhere by us.
+Loggers: CSV always; W&B offline by default (no account), its run id kept in the run dir so a resumed or requeued job
+continues the same W&B run. The API key is never written anywhere by us. `RunWandbLogger` differs from Lightning's
+`WandbLogger` in two ways, both for resumed and signalled runs:
 
-`RunWandbLogger` differs from Lightning's `WandbLogger` in two ways, both for resumed and signalled runs:
-
-* W&B's `_step` is the trainer's step (`wandb.log(..., step=step)`), not W&B's per-process row counter. A resumed
-  run writes a second `offline-run-*` part with the same run id (wandb 0.31 offline mode cannot resume a run by
-  itself, and restarts its counter at 0, which the server would drop as going backwards); with the trainer's step
-  the parts' steps continue each other, and `wandb sync --id <id> <run dir>/wandb/offline-run-*` uploads them, in
-  start order, as one run (README, "Where things live").
+* W&B's `_step` is the trainer's step, not W&B's per-process row counter: a resumed run writes a second
+  `offline-run-*` part with the same run id (wandb 0.31 offline cannot resume a run, and restarts its counter at 0,
+  which the server would drop as going backwards); with the trainer's step the parts continue each other, and
+  `wandb sync --id <id> <run dir>/wandb/offline-run-*` uploads them as one run (README, "Where things live").
 * A W&B service that died does not stop training. SLURM sends its SIGTERM to every process of a job, `wandb-core`
-  included, which exits at once (inherited SIG_IGN does not protect it: Go re-installs its own SIGTERM handler) and
-  without flushing its transaction log; the next `wandb.log` then raised and the job ended without saving at the
-  signal. Now the first failure prints one warning and W&B logging stops for this process (CSV continues), and the
-  log is flushed every second (`wandb_settings`), so the stopped attempt keeps all but its last second of W&B rows.
+  included, which exits at once without flushing; the next `wandb.log` then raised and the job ended without saving
+  at the signal. Now the first failure prints one warning and W&B logging stops for this process (CSV continues),
+  and the log is flushed every second (`wandb_settings`), so a stopped attempt loses at most its last second of rows.
 """
 
 from __future__ import annotations
@@ -67,8 +55,6 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench.memory import CLEAR_REFS, settle, status_kib
 from lra_bench.record.provenance import hardware
-
-# --- efficiency ----------------------------------------------------------------------------------------------------
 
 CUDA_PEAK = "cuda_max_allocated"
 RSS_HWM = "rss_hwm_since_train_start"
@@ -119,6 +105,10 @@ def interquartile_range(values: list[float]) -> float | None:
     return q3 - q1
 
 
+#: the per-step samples a checkpoint carries, and their type
+SAMPLES: dict[str, type] = {"step_times": float, "data_waits": float, "tokens_per_step": int, "load_samples": float}
+
+
 class EfficiencyMonitor(pl.Callback):
     def __init__(self, warmup_steps: int = 5) -> None:
         self.warmup_steps = warmup_steps
@@ -137,21 +127,13 @@ class EfficiencyMonitor(pl.Callback):
 
     # -- checkpointed state (plain lists and numbers: weights-only loadable) --------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "step_times": list(self.step_times),
-            "data_waits": list(self.data_waits),
-            "tokens_per_step": list(self.tokens_per_step),
-            "load_samples": list(self.load_samples),
-            "peak_memory_mib": self._peak_so_far(),
-            "segments": self.segments + 1,
-            "machine": hardware(),  # what the samples were timed on (the record's env.hardware)
-        }
+        samples = {name: list(getattr(self, name)) for name in SAMPLES}
+        # `machine`: what the samples were timed on (the record's env.hardware)
+        return {**samples, "peak_memory_mib": self._peak_so_far(), "segments": self.segments + 1, "machine": hardware()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.step_times = [float(x) for x in state_dict.get("step_times", [])]
-        self.data_waits = [float(x) for x in state_dict.get("data_waits", [])]
-        self.tokens_per_step = [int(x) for x in state_dict.get("tokens_per_step", [])]
-        self.load_samples = [float(x) for x in state_dict.get("load_samples", [])]
+        for name, kind in SAMPLES.items():
+            setattr(self, name, [kind(x) for x in state_dict.get(name, [])])
         peak = state_dict.get("peak_memory_mib")
         self.earlier_peak_mib = None if peak is None else float(peak)
         self.segments = int(state_dict.get("segments", 0))
@@ -164,11 +146,11 @@ class EfficiencyMonitor(pl.Callback):
                 f"({timed_on}): this run's speed is timed from this segment only",
                 flush=True,
             )
-            self.step_times, self.data_waits, self.tokens_per_step, self.load_samples = [], [], [], []
+            for name in SAMPLES:
+                setattr(self, name, [])
 
     def _peak_so_far(self) -> float | None:
-        current = self._segment_peak
-        peaks = [p for p in (self.earlier_peak_mib, current) if p is not None]
+        peaks = [p for p in (self.earlier_peak_mib, self._segment_peak) if p is not None]
         return max(peaks) if peaks else None
 
     @property
@@ -214,15 +196,11 @@ class EfficiencyMonitor(pl.Callback):
             self.step_times.append(now - self._start)
             tokens = batch["input_ids"].numel() + (batch["input_ids_2"].numel() if "input_ids_2" in batch else 0)
             self.tokens_per_step.append(tokens * trainer.world_size)
-            self._sample_load()
+            if (load := load_average_1m()) is not None:
+                self.load_samples.append(load)
         if self.peak_kind == RSS_SAMPLED:
             self._sampled_peak_mib = max(self._sampled_peak_mib or 0.0, current_rss_mib())
         self._last_end = time.perf_counter()  # (the samples above are not data wait)
-
-    def _sample_load(self) -> None:
-        load = load_average_1m()
-        if load is not None:
-            self.load_samples.append(load)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._last_end = None  # validation time is not data wait
@@ -251,8 +229,6 @@ class EfficiencyMonitor(pl.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(stats, step=trainer.global_step)
 
-
-# --- loggers -------------------------------------------------------------------------------------------------------
 
 WANDB_ID_FILE = "wandb_id.txt"
 os.environ.setdefault("WANDB_SILENT", "true")

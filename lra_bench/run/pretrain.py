@@ -1,41 +1,39 @@
-"""Self-pretraining: the `stage=pretrain` stage and the `stage=spt` plan (pretrain, then fine-tune, in one job).
+"""Self-pretraining: the `stage=pretrain` stage, the `stage=spt` plan (pretrain, then fine-tune, in one job), and a
+fine-tune's start from a pretraining run (`pretrained=<run dir or .ckpt>`: `load_encoder`).
 
-The self-pretraining stage (`stage=pretrain`): a language-model objective on the task's training inputs.
-
-Amos, Berant & Gupta, "Never Train from Scratch" (ICLR 2024, arXiv 2310.02980): pretraining on the downstream
-task's own training inputs with a denoising objective, then fine-tuning, closes most of the gap between
-architectures that training from scratch shows on LRA. Here a pretraining run is an ordinary run — its own run dir,
-checkpoints, resume, record — with three differences, all decided in this module:
+Amos, Berant & Gupta, "Never Train from Scratch" (ICLR 2024, arXiv 2310.02980): pretraining on the downstream task's
+own training inputs with a denoising objective, then fine-tuning, closes most of the gap between architectures that
+training from scratch shows on LRA. Here a pretraining run is an ordinary run — its own run dir, checkpoints, resume,
+record — with three differences, all decided in this module:
 
 * data: `tasks.masking.PretrainingData` (train split only, masked or shifted targets, no labels);
-* network: the same encoder (`build_model` builds it with one more embedding row, the mask token, for `mlm`) under
-  `models.heads.LanguageModel`'s per-token head; `causal` switches every attention into its causal mode, and an
-  attention without one is refused before anything is built;
+* network: the same encoder (with one more embedding row, the mask token, for `mlm`) under
+  `models.heads.LanguageModel`'s per-token head; `causal` switches every attention into its causal mode;
 * module: `PretrainModule` — masked cross-entropy over the vocabulary (`spt.loss=ce`), or L1 on the pixel value
-  scaled to [0, 1] (`spt.loss=l1`, the paper's code for Image); `val/acc` is the accuracy on the targets (for l1,
-  the rounded prediction equals the pixel value) on a held-out slice of the training split. Its curve (training
-  window means and validation values at every validation) is checkpointed, so a resumed run reports it whole.
+  scaled to [0, 1] (`spt.loss=l1`, the paper's code for Image); `val/acc` is the accuracy on the targets of a
+  held-out slice of the training split. Its curve is checkpointed, so a resumed run reports it whole.
 
-`lra_bench.config.stages.resolve_stage` checks the stage keys for every run and derives `pretraining` (none | mlm |
-causal), the config key that keeps self-pretrained rows apart from scratch rows in every comparison.
+The stage keys are checked and `pretraining` (none | mlm | causal, which keeps self-pretrained rows apart from scratch
+rows in every comparison) derived below the run, in `lra_bench.config.stages`.
 
-`stage=spt` (`python run.py experiment=spt/<task>`): self-pretrain, then fine-tune, in one command.
-
-Two ordinary stages (`lra_bench.run.entry.run_stage` runs the plan `stages` returns), each with its own dir,
-lock, checkpoints and record:
+`stage=spt` (`python run.py experiment=spt/<task>`) is two ordinary stages, each with its own dir, lock, checkpoints
+and record (`lra_bench.run.entry.run_stage` runs the plan `stages` returns):
 
     <run dir>/pretrain/   stage=pretrain on the task's training inputs      (this config ⊕ `spt.pretrain`)
     <run dir>/finetune/   stage=supervised, pretrained=<run dir>/pretrain   (this config)
 
-Why one Hydra job rather than a driver that launches two: the job is then like every other — `-m` sweeps, the joblib
-and SLURM launchers, requeueing and the end-of-sweep leaderboard need nothing new — and its two stages can never
-be paired with the wrong partner (the fine-tune's `pretrained` is its own job's `pretrain/`).
+One Hydra job rather than a driver that launches two: the job is then like every other (`-m` sweeps, the SLURM
+launcher, requeueing, the end-of-sweep leaderboard), and its stages can never be paired with the wrong partner.
+Re-running the command skips a pretraining stage whose record is `completed` with the same configuration, and
+otherwise resumes it; the fine-tune then resumes from its own `last.ckpt`. A completed pretraining stage whose
+configuration has since changed is refused with the keys that differ (its fine-tunes would mix two recipes).
 
-Resuming: re-running the command (or SLURM requeueing the job) skips a pretraining stage whose record is
-`completed` with the same configuration fingerprint, and otherwise resumes that stage from its `last.ckpt`; the
-fine-tune then resumes from its own `last.ckpt` (its pretrained encoder is overwritten by the checkpoint's state,
-so a resumed fine-tune continues exactly). A completed pretraining stage whose configuration has since changed is
-refused with the keys that differ — its fine-tunes would otherwise mix two pretraining recipes in one dir.
+A fine-tune takes over the encoder — embeddings (the mask token's row included), every block (selector state such as
+GPA's codebook is a buffer inside its block), the final norm — with a fresh task head, optimiser, schedule and step
+count, as IdoAmos/not-from-scratch@f919137 (`train.py::load_pretrained_model`: every weight but the decoder, then a
+new run). Unlike theirs (`strict=False`, then a tolerance check), loading here is strict: the encoder's tensors are
+copied exactly, or the run stops with one line. Which run `pretrained=` names, and the checks on it, come before
+anything is built (`lra_bench.config.pretrained_run`).
 """
 
 from __future__ import annotations
@@ -51,11 +49,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
+from lra_bench.config.pretrained_run import PretrainedSource
 from lra_bench.config.stages import check_pretrain_keys, resolve_stage
 from lra_bench.config.validate import validate_once
 from lra_bench.errors import ConfigError
 from lra_bench.kit.plain import plain_dict
 from lra_bench.record import results
+from lra_bench.record.checkpoint_file import load_checkpoint
 from lra_bench.record.identity import config_identity, differing_keys, fingerprint
 from lra_bench.record.reader import read
 from lra_bench.run.module import adamw_with_schedule
@@ -63,10 +63,9 @@ from models.attention.base import Attention
 from models.heads import LanguageModel, TaskNetwork
 from tasks.masking import IGNORE_INDEX, PretrainingData
 
-# --- pretrain ------------------------------------------------------------------------------------------------------
-
 CURVE_KEY = "spt_curve"  # where the curve lives in a checkpoint
 STAGE_KEY = "spt_stage"  # what a pretraining checkpoint says about itself
+ENCODER_PREFIX = "model.encoder."  # the encoder's keys in a LightningModule's state_dict (`self.model.encoder`)
 
 
 # -- data and network -------------------------------------------------------------------------------------------
@@ -139,14 +138,13 @@ class PretrainModule(pl.LightningModule):
                 f"loss is {loss.item()} at step {self.global_step}; stopping (last good checkpoint kept)"
             )
         n = correct.numel()
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
         if n:
             self.train_loss.update(loss.detach(), weight=n)
             self.train_acc.update(correct.float().mean(), weight=n)
             self.window += torch.stack(
                 [loss.detach().double() * n, correct.sum().double(), torch.tensor(float(n), device=self.device)]
             )
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
-        if n:
             self.log("train/acc", correct.float().mean(), on_step=True, on_epoch=False)
         return loss
 
@@ -207,9 +205,23 @@ def stage_info(cfg: DictConfig, dm: PretrainingData) -> dict[str, Any]:
 
 
 def build_pretrain_module(cfg: DictConfig, dm: PretrainingData, model: LanguageModel, info: dict) -> PretrainModule:
+    optim, steps = plain_dict(cfg.optim), int(cfg.trainer.max_steps)
+    return PretrainModule(model, str(cfg.spt.loss), dm.task.vocab_size, optim, steps, info)
 
-    optim = plain_dict(cfg.optim)
-    return PretrainModule(model, str(cfg.spt.loss), dm.task.vocab_size, optim, int(cfg.trainer.max_steps), info)
+
+def load_encoder(network: TaskNetwork, source: PretrainedSource) -> int:
+    """Copy the pretrained encoder into `network.encoder` exactly (strict); return the number of tensors copied."""
+    checkpoint = load_checkpoint(source.checkpoint)
+    if STAGE_KEY not in checkpoint:
+        raise ConfigError(f"pretrained={source.value}: {source.checkpoint} is not a self-pretraining checkpoint")
+    state = checkpoint["state_dict"]
+    encoder = {k[len(ENCODER_PREFIX) :]: v for k, v in state.items() if k.startswith(ENCODER_PREFIX)}
+    try:
+        network.encoder.load_state_dict(encoder, strict=True)
+    except RuntimeError as err:
+        first = " ".join(str(err).split())[:300]
+        raise ConfigError(f"pretrained={source.value}: its encoder tensors do not fit this network ({first})") from None
+    return len(encoder)
 
 
 def final_section(info: dict[str, Any], best_val_acc: float | None, module: PretrainModule) -> dict[str, Any]:
@@ -219,8 +231,6 @@ def final_section(info: dict[str, Any], best_val_acc: float | None, module: Pret
     final = module.curve[-1] if module.curve else None  # the state `pretrained=<run dir>` loads
     return {**info, "curve": list(module.curve), "best_val_acc": best_val_acc, "final": final}
 
-
-# --- spt -----------------------------------------------------------------------------------------------------------
 
 PRETRAIN_DIR, FINETUNE_DIR = "pretrain", "finetune"
 
@@ -262,8 +272,7 @@ def completed(path: Path, cfg: DictConfig) -> bool:
         return False
     validate_once(cfg)
     resolve_stage(cfg)
-    wanted = _identity(plain_dict(cfg))
-    found = _identity(record.config)
+    wanted, found = _identity(plain_dict(cfg)), _identity(record.config)
     if fingerprint(found) == fingerprint(wanted):
         return True
     keys = differing_keys([found, wanted])

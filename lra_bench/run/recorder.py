@@ -1,29 +1,20 @@
 """The run's record: the per-example test outputs its test numbers come from (`TestOutputs`), and the one writer of
 `results.json` (`Recorder`).
 
-Per-example test outputs: every test example's prediction and loss, once each, in test-split order.
+Why not Lightning's logged `test/acc`: under DDP, Lightning gives the test loader a `DistributedSampler` that *pads*
+the split to a multiple of the world size by repeating its first examples (and `test/loss` is a mean of batch
+means). Here each test example is counted once: every rank keeps the split indices of what it predicted (read from
+its own loader's batch sampler, so it holds for any sampler), the ranks all-gather (index, label, prediction, loss),
+and the first occurrence of each index (in the padded sequence's order, so a padding copy never wins) is kept. The
+record takes the accuracy and mean loss of exactly these rows, written to `test_predictions.npz`
+(`lra_bench.record.predictions`). With `trainer.limit_test_batches` the rows are a prefix of the split (the loader
+never shuffles) and `test_examples` says how many; anything but a prefix (a custom sampler) is not written.
 
-Why not Lightning's logged `test/acc`: under DDP, Lightning gives the test loader a `DistributedSampler` that
-*pads* the split to a multiple of the world size by repeating its first examples (and `test/loss` is a mean of
-batch means). Here each test example is counted once: every rank keeps the split indices of what it predicted
-(read from its own loader's batch sampler, so it holds for any sampler), the ranks all-gather (index, label,
-prediction, loss), and the first occurrence of each index (in the padded sequence's order, so a padding copy never
-wins) is kept. The run records the accuracy and mean loss of exactly these rows and writes them with
-`lra_bench.record.predictions.save_predictions` (`test_predictions.npz`).
-
-With `trainer.limit_test_batches` the test covers a prefix of the split (the loader never shuffles); the rows are
-then that prefix and `test_examples` says how many. Anything but a prefix (a custom sampler) is not written.
-
-The one writer of a run's `results.json`: it holds the typed record (`lra_bench.record.schema.RunRecord`),
-and the stage fills its fields from what each part returns (the test's numbers, the efficiency summary, the
-identity check) or exposes (the diagnostics callback's `latest`/`best`).
-
-Why one writer: the record used to be a dict that a dozen modules wrote into, the diagnostics callback included
-(it rewrote the file itself during training), so no one place said what a record holds or when it is on disk.
-
-When it is written: at the start (a run dir with no record yet gets a `running` one at once), when the run dir's
-state is settled (`own`: from then on this run replaces any earlier record, e.g. once `start_run` accepted it), at
-each diagnostics measurement (so the file shows them while the run trains), and at the end (`finish`). Only rank 0
+Why one writer of the record: it used to be a dict that a dozen modules wrote into, the diagnostics callback
+included, so no one place said what a record holds or when it is on disk. Now the `Recorder` holds the typed record
+(`lra_bench.record.schema.RunRecord`) and the stage fills it from what each part returns or exposes. It is written at
+the start (a new run dir gets a `running` record at once), when the run dir's state is settled (`own`: from then on
+this run replaces any earlier record), at each diagnostics measurement, and at the end (`finish`). Only rank 0
 writes; a folder whose record this run does not own yet (an earlier run's, kept until this one is accepted) is not
 touched.
 """
@@ -45,8 +36,6 @@ from lra_bench.record.builder import now
 from lra_bench.record.predictions import FILENAME as PREDICTIONS_FILE
 from lra_bench.record.predictions import save_predictions
 from lra_bench.record.schema import RunRecord
-
-# --- test outputs --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -146,12 +135,8 @@ class TestOutputs(pl.Callback):
 
 
 def _in_split_order(rows: np.ndarray, losses: np.ndarray, split_size: int) -> tuple[TestResult | None, str | None]:
-    index = rows[0]
-    _, first = np.unique(index, return_index=True)  # the first occurrence of each index wins
-    first.sort()
-    index, label, pred, loss = index[first], rows[1][first], rows[2][first], losses[first]
-    order = np.argsort(index, kind="stable")
-    index, label, pred, loss = index[order], label[order], pred[order], loss[order]
+    index, first = np.unique(rows[0], return_index=True)  # sorted; the first occurrence of each index wins
+    label, pred, loss = rows[1][first], rows[2][first], losses[first]
     if not np.array_equal(index, np.arange(len(index))):
         return None, f"the test covered {len(index)} examples that are not the split's first {len(index)}"
     return TestResult(label=label, pred=pred, loss=loss, split_size=int(split_size)), None
@@ -190,9 +175,6 @@ def _gather(pl_module: pl.LightningModule, tensor: torch.Tensor) -> torch.Tensor
     if not isinstance(gathered, torch.Tensor):
         raise TypeError(f"all_gather of a tensor returned a {type(gathered).__name__}")
     return gathered
-
-
-# --- recorder ------------------------------------------------------------------------------------------------------
 
 
 class DiagnosticsSource(Protocol):

@@ -1,61 +1,40 @@
 """The run dir: one process at a time (`RunDirLock`), one experiment (`identity.json`), the `latest` link, and no
 folder left by a run that could not start. Light on purpose (no torch): the pre-flight and `lra_bench.runs` use it.
 
-One process per run dir: a second `run.py` on the same dir refuses with one line naming the holder's PID.
+**One process.** Two processes training into one dir would interleave `last.ckpt`, `results.json` and the logs. The
+lock is filelock's `UnixFileLock` on `<run dir>/.lock`: a kernel `flock`, released when the holder exits however it
+exits (SIGKILL, OOM, a node reboot for NFS clients), so a dead run never leaves a stale lock; on NFS, Linux maps
+`flock` to the server's byte-range locks. No soft-lock fallback (a marker file outlives a killed holder), the file
+kept on release, and the holder (PID, host, start time) written into it through the locked descriptor, which is
+what the refusal quotes. Taken by rank 0 only (the other DDP ranks of one launch are its own children).
 
-Two processes training into one dir would interleave `last.ckpt`, `results.json` and the logs — a corrupt resume
-and a record that mixes two runs. The lock is filelock's `UnixFileLock` on `<run dir>/.lock`: a kernel `flock`,
-released when the holder exits however it exits (SIGKILL, OOM, a node reboot for NFS clients), so a dead run
-never leaves a stale lock behind; on NFS, Linux maps `flock` to the server's byte-range locks. The options keep
-exactly that: no soft-lock fallback (a marker file outlives a killed holder), the file kept on release, and the
-holder (PID, host, start time) written into it through the locked descriptor (`on_acquired`), which is what the
-refusal quotes. Taken by rank 0 only (the other DDP ranks of one launch are its own children).
+**One experiment.** The run dir is named after the command's overrides, and some keys are rightly left out of the
+name (`data_dir`, `trainer.devices`, …), so two experiments can meet in one folder. Before anything is written there,
+a run compares its fingerprint with the folder's `identity.json` (format `lra-bench/run-identity/1`: `{format,
+fingerprint, identity, code, created_at}`, written once by the first run there): the same one resumes or starts over
+as asked, and a `completed` record is left byte-identical; another one is refused with one line naming the differing
+keys, the folder untouched (refused, not sent to a new folder: a name that silently changed with `data_dir` would
+hide that the second command is another experiment; `run_name=<name>` gives it its own). A folder from before
+`identity.json` is compared through its `results.json`'s config. A folder whose identity predates `data.tokens` (a
+path and a cache key that changed whenever the same files were regenerated) holds this experiment when the rest
+agrees and its record's source files are this run's (`legacy_same_data`); its `identity.json` is then renewed.
 
-A run dir belongs to one experiment: `identity.json` says which, and nothing of another one goes into it.
+**`<output_root>/<task>/<attn>/latest`** links to the run of that task and attention started last
+(`outputs/listops/gpa/latest/curves.png`): a relative symlink, replaced atomically, made only in the usual
+`<output_root>/<task>/<attn>/<name>` layout (not for sweep jobs), and `run_name=latest` is refused
+(`lra_bench.config.validate.check_run_name`) so no run lands in the link itself.
 
-The run dir is named after the command's overrides, and some keys are rightly left out of the name (`data_dir`,
-`trainer.devices`, …), so two different experiments can meet in one folder. Before anything is written there, a run
-compares its fingerprint with the folder's:
-
-* the same fingerprint: resume (`ckpt_path=last`) or start over (`ckpt_path=null`) as asked; a record already
-  `completed` is left byte-identical and its summary printed (`retest=true` tests its best checkpoint again);
-* another fingerprint: refused with one line naming the differing keys and their values; the folder is untouched.
-  (Refused, not sent to a new folder: a folder name that silently changed with `data_dir` would hide the fact that
-  the second command is another experiment.) Pass `run_name=<name>` to give it its own folder.
-
-`identity.json` (format `lra-bench/run-identity/1`): `{format, fingerprint, identity, code, created_at}`, written once
-by the first run in the folder. Folders from before it existed are compared through their `results.json`'s config
-(the config part of the identity only; the data part was not recorded then). A folder whose identity predates
-`data.tokens` (its data part a path and a cache key that changed whenever the same files were regenerated, so a run
-could not resume in a new checkout) holds this experiment when the rest agrees and its record's source files have this
-run's sha256 (`legacy_same_data`); its `identity.json` is then renewed and the resume goes on.
-
-`<output_root>/<task>/<attn>/latest`: a link to the run of that task and attention started last.
-
-Run folders are named by their overrides, so the one just started is not obvious among many; `latest` always
-points at it (`outputs/listops/gpa/latest/curves.png`, `ckpt_path=outputs/listops/gpa/latest/checkpoints/last.ckpt`).
-It is a relative symlink, replaced atomically (a new link renamed over the old one), made only for runs in the
-usual `<output_root>/<task>/<attn>/<name>` layout (not for sweep jobs, whose sweep dir already groups them), and
-`run_name=latest` is refused (`lra_bench.config.validate.check_run_name`, beside the name `LINK`) so no run can land
-in the link itself.
-
-A run that cannot start for want of data leaves no folder behind.
-
-Hydra makes the run dir, writes `.hydra/` and opens `run.log` in it before the run's code starts, and the run then
-writes its `running` record, the config tree and its lock file. `python run.py task=text` with no IMDB anywhere
-left that folder behind as a `failed` run, which `python -m lra_bench.runs` and the leaderboard list beside the
-runs that trained, though nothing was run: the data was missing, not the experiment wrong. So `run.py` asks
-`is_new` when a single run starts and, when the run ends on a `DataSourceError` (raised while the data is found
-and prepared, before the first step), `remove_unstarted` deletes that folder and the folders above it that are
-left empty, up to the output root. A folder that held anything before (an earlier run's record, log or
-checkpoints: a resume) is never removed, and keeps its record as it was: the refused run never took it over.
-A refused config (`ConfigError`) keeps its `failed` record, as before.
+**No folder from a run that never started.** Hydra makes the run dir, writes `.hydra/` and opens `run.log` before
+the run's code starts, so `python run.py task=text` with no IMDB anywhere left a `failed` run behind, listed beside
+the runs that trained. So `run.py` asks `is_new` when a single run starts and, when the run ends on a
+`DataSourceError` (before the first step), `remove_unstarted` deletes that folder and the folders above it left
+empty, up to the output root. A folder that held anything before (a resume) is never removed, and keeps its record.
+A refused config (`ConfigError`) keeps its `failed` record.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import json
 import os
@@ -76,6 +55,7 @@ from lra_bench.record.identity import (
     DATA_KEYS,
     LEGACY_DATA_KEYS,
     config_identity,
+    data_differs,
     data_identity,
     differing_keys,
     predates_data_tokens,
@@ -84,8 +64,6 @@ from lra_bench.record.identity import (
 from tasks.files import umask
 
 LOG_NAME = "run.log"  # Hydra's job log of run.py (`<job name>.log`), which the run's tees append to
-
-# --- lock ----------------------------------------------------------------------------------------------------------
 
 LOCK_FILE = ".lock"
 
@@ -110,21 +88,8 @@ def in_use_error(run_dir: Path) -> ConfigError:
 
 def _write_holder(fd: int) -> None:
     """Replace the file's text with this process's PID, host and start time (the lock is held: no reader races)."""
-    since = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {since}\n".encode(), 0)
-
-
-def _run_dir_lock(run_dir: Path) -> UnixFileLock:
-    return UnixFileLock(
-        run_dir / LOCK_FILE,
-        timeout=0,  # never wait: a live run is refused at once
-        mode=0o666 & ~umask(),  # filelock chmods to `mode`, past the umask: apply it, as every other file does
-        thread_local=False,  # the process holds it, whichever thread releases it
-        fallback_to_soft=False,
-        preserve_lock_file=True,
-        on_acquired=_write_holder,
-    )
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {now()}\n".encode(), 0)
 
 
 class RunDirLock:
@@ -133,7 +98,15 @@ class RunDirLock:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
-        self._lock = _run_dir_lock(self.run_dir)
+        self._lock = UnixFileLock(
+            self.run_dir / LOCK_FILE,
+            timeout=0,  # never wait: a live run is refused at once
+            mode=0o666 & ~umask(),  # filelock chmods to `mode`, past the umask: apply it, as every other file does
+            thread_local=False,  # the process holds it, whichever thread releases it
+            fallback_to_soft=False,
+            preserve_lock_file=True,
+            on_acquired=_write_holder,
+        )
 
     def acquire(self) -> RunDirLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -169,8 +142,6 @@ def check_free(run_dir: str | Path) -> None:
     if is_held(run_dir):
         raise in_use_error(Path(run_dir))
 
-
-# --- run state -----------------------------------------------------------------------------------------------------
 
 FILENAME = "identity.json"
 FORMAT = "lra-bench/run-identity/1"
@@ -254,21 +225,13 @@ def check_same_experiment(
 def legacy_same_data(
     output_dir: Path, stored: Mapping[str, Any], identity: Mapping[str, Any], data: Mapping[str, Any]
 ) -> bool:
-    """Whether a run dir whose `identity.json` predates `data.tokens` (its data part was `LEGACY_DATA_KEYS`: a path and
-    a cache key that changed with every regeneration of the same files) holds this experiment: the same identity
-    outside the data keys, and the same source files by content — the sha256 its record's `data.origin` holds
-    equals this run's, with the same tokenizer. Without that fingerprint on both sides it is not the same."""
+    """Whether a run dir whose `identity.json` predates `data.tokens` (its data part `LEGACY_DATA_KEYS`) holds this
+    experiment: the same identity outside the data keys, and the same source files by content (`data_differs` of
+    its record's `data` and this run's)."""
     old = stored.get("identity") or {}
-    if not predates_data_tokens(old):
+    if not predates_data_tokens(old) or differing_keys([old, dict(identity)], ignore=(*DATA_KEYS, *LEGACY_DATA_KEYS)):
         return False
-    ignore = (*DATA_KEYS, *LEGACY_DATA_KEYS)
-    if differing_keys([old, dict(identity)], ignore=ignore):
-        return False
-    record = read_existing_record(output_dir) or {}
-    before = record.get("data") or {}
-    files = [(d.get("origin") or {}).get("fingerprint") for d in (before, data)]
-    same_tokenizer = before.get("tokenizer_version") == data.get("tokenizer_version")
-    return files[0] is not None and files[0] == files[1] and same_tokenizer
+    return data_differs((read_existing_record(output_dir) or {}).get("data") or {}, data) is None
 
 
 def finished_record(output_dir: Path, fingerprint: str, *also: str) -> dict[str, Any] | None:
@@ -284,9 +247,6 @@ def finished_record(output_dir: Path, fingerprint: str, *also: str) -> dict[str,
 def data_identity_of(dm: Any) -> dict[str, Any]:
     """The data part of a run's identity, from its prepared data module: the digest of its tokenized splits."""
     return data_identity(dm.tokens)
-
-
-# --- latest --------------------------------------------------------------------------------------------------------
 
 
 def point_latest(cfg: DictConfig, output_dir: Path) -> Path | None:
@@ -305,9 +265,6 @@ def point_latest(cfg: DictConfig, output_dir: Path) -> Path | None:
             tmp.unlink()
         return None
     return link
-
-
-# --- unstarted -----------------------------------------------------------------------------------------------------
 
 
 def is_new(output_dir: Path, hydra_subdir: str | None) -> bool:

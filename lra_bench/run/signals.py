@@ -6,29 +6,25 @@ tests/test_slurm_signals.py):
 
 * While Lightning runs a loop (fit, or the test of the best checkpoint), the first SIGTERM or SIGINT sets Lightning's
   own stop flag: the current step (and its validation) finishes, Lightning raises `SIGTERMException` at the step
-  boundary and `lra_bench.run.checkpoints.LastCheckpoint` saves `last.ckpt` at that step. Lightning only watches
-  SIGTERM; routing Ctrl-C through the same flag is what makes Ctrl-C save too (Lightning's own KeyboardInterrupt path
-  saves nothing, and a state interrupted mid-step could not be trusted anyway).
+  boundary and `LastCheckpoint` saves `last.ckpt` there. Routing Ctrl-C through that flag is what makes Ctrl-C save
+  too (Lightning's own KeyboardInterrupt path saves nothing, and a state interrupted mid-step could not be trusted).
 * A second Ctrl-C stops the step at once (`KeyboardInterrupt`): the last checkpoint written stays the resume point.
   Anywhere else — a save under way, the run already stopping outside a loop, or `close()`d: writing its record and
   exiting — a further signal is told and changes nothing, so no traceback cuts the record or the last line short.
-  Once the last line is said (`stopped_line`), a further signal is ignored without a word: that line stays last.
+  Once the last line is said (`stopped_line`), a further signal is ignored without a word.
 * Outside a loop (building the data, the model) a signal stops at once with `SignalStop`: there is no step to finish.
-* However and whenever it stopped, the run's last line (`stopped_line`) says the step the checkpoint on disk holds
-  and the command that resumes from it.
-* Telling the terminal never gets in the way: under `… | tee log` Ctrl-C kills tee too, and a message written to the
-  dead pipe would raise inside the step instead of letting it finish and save (`lra_bench.run.terminal` keeps the
-  message in run.log).
-* The record's `error` line says what a re-run will find: the checkpoint it resumes from, and its step, or that none
-  was saved (a stop before the first save starts again from step 0).
+* The run's last line (`stopped_line`) says the step the checkpoint on disk holds and the command that resumes from
+  it; the record's `error` line says what a re-run will find (that checkpoint and its step, or none: step 0).
+  Telling the terminal never gets in the way: under `… | tee log` Ctrl-C kills tee too, and a write to the dead pipe
+  would raise inside the step (`lra_bench.run.terminal` keeps the message in run.log).
 * `train()` records the run as `interrupted` and exits with 128 + the signal's number — 143 for SIGTERM, 130 for
-  SIGINT — the shell's convention, so `sbatch`/`make`/a sweep see that the job did not finish. (Under submitit,
-  `SubmititRequeue.hand_over` exits instead, the way submitit requeues.)
+  SIGINT — so `sbatch`/`make`/a sweep see that the job did not finish (under submitit, `SubmititRequeue.hand_over`
+  exits instead, the way submitit requeues).
 
-Handlers are installed for the duration of `train()` only (main thread) and the previous ones restored afterwards
-(a stopped run's process keeps Ctrl-C ignored while it exits: `restore`).
-The instance is also a callback: Lightning resets its stop flag when it installs its own SIGTERM handler at the start
-of every `fit`/`test`, so a signal that arrived during set-up is re-applied at `on_train_start`.
+Handlers are installed for the duration of `train()` only (main thread) and the previous ones restored afterwards (a
+stopped run's process keeps Ctrl-C ignored while it exits: `restore`). Lightning resets its stop flag when it installs
+its own SIGTERM handler at the start of every `fit`/`test`, so a signal that arrived during set-up is re-applied at
+`on_train_start`: the instance is also a callback.
 """
 
 from __future__ import annotations
@@ -47,11 +43,6 @@ from lra_bench.kit.say import say
 from lra_bench.run.checkpoints import find_resumable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def exit_code(signum: int) -> int:
-    """The shell's exit status for a process stopped by `signum` (143 for SIGTERM, 130 for SIGINT)."""
-    return 128 + int(signum)
 
 
 def tell(message: str) -> None:
@@ -113,16 +104,14 @@ class StopSignals(pl.Callback):
             if not self.last_said:
                 tell(f"[lra-bench] {name}: the run is writing its record and exiting")
             return
-        first = self.received is None
-        if first:
-            self.received = signum
-        if not first:
+        if self.received is not None:
             if signum == signal.SIGINT and self._lightning_running():  # the user insists: the step stops now
                 tell(f"[lra-bench] {name} again: stopping now; the last checkpoint written is the resume point")
                 raise KeyboardInterrupt
             if signum == signal.SIGINT:  # a save or the stop itself is under way: cut short, it would lose work
                 tell(f"[lra-bench] {name} again: already stopping")
             return  # a repeated SIGTERM: already stopping (SLURM follows up with SIGKILL after KillWait)
+        self.received = signum
         trainer = self.trainer
         if trainer is None or not self._lightning_running():
             raise SignalStop(signum)
@@ -176,4 +165,5 @@ class StopSignals(pl.Callback):
         return f"[lra-bench] stopped by {name}{where}: saved {found[0]} at step {found[1]}; to resume: {resume}"
 
     def exit_status(self) -> int:
-        return exit_code(self.received or signal.SIGTERM)
+        """The shell's exit status for a process stopped by the signal (143 for SIGTERM, 130 for SIGINT)."""
+        return 128 + int(self.received or signal.SIGTERM)

@@ -1,54 +1,34 @@
 """What a run shows and keeps: `run.log` (`tee_output`), what the terminal leaves to it (`quiet_terminal`), and the
-progress a person watches (`StepProgressBar`, `StatusLine`; their lines through `lra_bench.kit.say`).
+progress a person watches (`StepProgressBar`, `StatusLine`).
 
-`run.log`: the run's whole log, not only what went through Python's `logging`.
+`run.log` is the run's whole log, not only what went through Python's `logging`: Hydra's job logging writes
+Lightning's records there, but everything the run `print`s (data generation, resume and signal messages, status
+lines, the summary, a failure's traceback) went only to the terminal. `tee_output` copies stdout and stderr into the
+same file, line by line (appended, so Hydra's records and ours interleave in order), without a progress bar's
+redraws (text before a carriage return) or terminal colours; the streams keep their own behaviour (`isatty`,
+`fileno`, encoding), and a failure to write the file (a full disk) never disturbs the run.
 
-Hydra's job logging writes `logging` records (Lightning's messages) to `<run dir>/run.log`; everything the run
-`print`s — data generation, resume and signal messages, status lines, the summary, the one-line error, a failure's
-traceback — went only to the terminal. `tee_output` copies stdout and stderr into the same file for the duration of
-a run, line by line (appended, so Hydra's records and ours interleave in order): a progress bar's redraws (text
-before a `
-`) and terminal colours are dropped from the file, and a failure to write the file (a full disk) never
-disturbs the run.
-The streams keep their own behaviour (`isatty`, `fileno`, encoding), so bars and colours still adapt to the terminal.
+A terminal that goes away never stops the run. Ctrl-C under `python run.py … 2>&1 | tee log` kills `tee` too, and
+every later write to stdout/stderr failed with EPIPE — raising inside whatever the run was doing (the save at the step
+boundary was lost that way), and Python's final flush turned the exit status into 120. A stream whose write fails is
+therefore pointed at /dev/null (Python's own advice for SIGPIPE), and the run goes on writing `run.log` alone.
 
-A terminal that goes away never stops the run. Ctrl-C under `python run.py … 2>&1 | tee log` sends SIGINT to the
-whole pipeline: `tee` dies, and every later write to stdout/stderr fails with EPIPE — the signal's own message, a
-status line, the "saved last.ckpt" line — raising inside whatever the run was doing (the save at the step boundary
-was lost that way), and Python's final flush of stdout turned the exit status into 120. A stream whose write fails
-is therefore pointed at /dev/null (Python's own advice for SIGPIPE), and the run goes on writing `run.log` alone.
-
-What the terminal leaves out (Lightning's chatter, the config tree: `quiet_terminal` below) still reaches the file,
-through `to_log_only`.
-
-What a run's terminal leaves to `run.log`: a person reads what runs, its progress and its summary.
-
-Lightning talks about its own wiring on every run — "GPU available: False", "Seed set to 0", its model summary
-(with "Total FLOPs: 0": it counts FLOPs only for a module with an `example_input_array`), "`Trainer.fit` stopped",
-"Restoring states from the checkpoint", and warnings such as "callbacks used to create the checkpoint need to be
-provided" when a checkpoint is tested without its training callbacks, which a test does not need. None of it is
-about the user's experiment, and in a terminal it drowned the lines that are. Inside `quiet_terminal()` Lightning's
-log records below WARNING and the warnings Lightning's own code raises go to `run.log` only (`to_log_only`;
-Hydra's file handler already writes the log records there); Lightning's warning-level records, other libraries'
+Lightning talks about its own wiring on every run — "GPU available: False", "Seed set to 0", its model summary,
+"Restoring states from the checkpoint", warnings about callbacks a test does not need — and in a terminal it drowned
+the lines about the user's experiment. Inside `quiet_terminal()` Lightning's log records below WARNING and the
+warnings its own code raises go to `run.log` only (`to_log_only`); its warning-level records, other libraries'
 warnings and everything the harness prints still reach the terminal. Without an open `run.log` (DDP ranks > 0) a
-warning is shown as usual, so nothing is lost.
-
-What a person watching a run sees: a step bar in a terminal, a one-line status every N seconds without one.
+warning is shown as usual.
 
 Our runs are step-based (`max_steps`, `max_epochs=-1`), so Lightning's bars count batches per epoch and title
-themselves "Epoch 0/-2". `StepProgressBar` counts optimizer steps to `trainer.max_steps` across epochs — tqdm then
-shows `step/max_steps`, the rate and the ETA — with the loss and validation accuracy beside it; a resumed run starts
-the bar at its step (the ETA counts only this attempt's steps). Without a terminal (SLURM logs, `nohup`, CI) a bar's
-redraws are noise, so `StatusLine` prints one line every `callbacks.status_every_s` seconds and one at the end.
-In both modes `ScheduleEstimate` times training steps and evaluations apart and prints, after the first evaluation,
-the projected wall time of the whole schedule (a faithful LRA schedule spends a third of its time evaluating, which
-a steps-only ETA leaves out); the status line's ETA is the same projection.
-`callbacks.progress_bar`: `auto` (bar in a terminal, status lines otherwise), `bar`, `status`, `none`
-(`true`/`false` mean `auto`/`none`).
-
-Every line the run prints while it trains goes through `say` (`lra_bench.kit.say`): a plain `print` beside a live
-bar lands inside the bar's line (the bar redraws with `
-` and never ends its line), e.g. `…| 2/2 [00:00<00:00][A[lra-bench] projected`.
+themselves "Epoch 0/-2". `StepProgressBar` counts optimizer steps to `trainer.max_steps` across epochs (tqdm then
+shows the rate and ETA), with the loss and validation accuracy beside it; a resumed run starts the bar at its step.
+Without a terminal (SLURM logs, `nohup`, CI) `StatusLine` prints one line every `callbacks.status_every_s` seconds
+and one at the end. In both modes `ScheduleEstimate` times training steps and evaluations apart and prints, after the
+first evaluation, the projected wall time of the whole schedule (a faithful LRA schedule spends a third of its time
+evaluating, which a steps-only ETA leaves out). `callbacks.progress_bar`: `auto` (bar in a terminal, status lines
+otherwise), `bar`, `status`, `none` (`true`/`false` mean `auto`/`none`). Every line printed while the run trains
+goes through `lra_bench.kit.say`: a plain `print` beside a live bar lands inside the bar's line.
 """
 
 from __future__ import annotations
@@ -62,7 +42,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,10 +53,13 @@ from pytorch_lightning.callbacks import TQDMProgressBar
 
 from lra_bench.kit.say import say
 
-# --- runlog --------------------------------------------------------------------------------------------------------
-
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LOG_ONLY = -1  # the stream id of text that goes to the file only (the tees use their own ids)
+
+
+def _plain(line: str) -> str:
+    """A line as the file keeps it: its last redraw (after the last carriage return), without colours."""
+    return ANSI.sub("", line.rsplit("\r", 1)[-1])
 
 
 class _LogFile:
@@ -90,15 +73,12 @@ class _LogFile:
     def write(self, stream_id: int, text: str) -> None:
         if self.fh is None:
             return
-        buffered = self.pending.get(stream_id, "") + text
-        *lines, rest = buffered.split("\n")
+        *lines, rest = (self.pending.get(stream_id, "") + text).split("\n")
         self.pending[stream_id] = rest[-4096:]
         if not lines:
             return
         try:
-            for line in lines:
-                line = ANSI.sub("", line.rsplit("\r", 1)[-1])
-                self.fh.write(line + "\n")
+            self.fh.writelines(_plain(line) + "\n" for line in lines)
             self.fh.flush()
         except (OSError, ValueError):  # disk full, file closed: the terminal still gets everything
             self.close()
@@ -107,9 +87,7 @@ class _LogFile:
         fh, self.fh = self.fh, None
         if fh is not None:
             with contextlib.suppress(OSError, ValueError):
-                for rest in self.pending.values():
-                    if rest.strip():
-                        fh.write(ANSI.sub("", rest.rsplit("\r", 1)[-1]) + "\n")
+                fh.writelines(_plain(rest) + "\n" for rest in self.pending.values() if rest.strip())
                 fh.close()
 
 
@@ -132,18 +110,19 @@ class _Tee:
         self._stream, self._log = stream, log
         self._lost = False
 
-    def _lose_stream(self) -> None:
-        self._lost = True
-        silence(self._stream)
+    def _to_stream(self, action: Callable[[], Any]) -> None:
+        if self._lost:
+            return
+        try:
+            action()
+        except BlockingIOError:  # a non-blocking terminal that is full right now: this text only is dropped
+            pass
+        except (OSError, ValueError):  # the reader is gone (EPIPE), the terminal closed (EIO), a closed file
+            self._lost = True
+            silence(self._stream)
 
     def write(self, text: str) -> int:
-        if not self._lost:
-            try:
-                self._stream.write(text)
-            except BlockingIOError:  # a non-blocking terminal that is full right now: this text only is dropped
-                pass
-            except (OSError, ValueError):  # the reader is gone (EPIPE), the terminal closed (EIO), a closed file
-                self._lose_stream()
+        self._to_stream(lambda: self._stream.write(text))
         self._log.write(id(self), text)
         return len(text)
 
@@ -152,13 +131,7 @@ class _Tee:
             self.write(line)
 
     def flush(self) -> None:
-        if not self._lost:
-            try:
-                self._stream.flush()
-            except BlockingIOError:
-                pass
-            except (OSError, ValueError):
-                self._lose_stream()
+        self._to_stream(self._stream.flush)
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, errors, buffer, …
         return getattr(self._stream, name)
@@ -219,14 +192,6 @@ def tee_output(path: Path | None) -> Iterator[None]:
         log.close()
 
 
-# --- quiet ---------------------------------------------------------------------------------------------------------
-
-
-def lightning_dirs() -> tuple[str, ...]:
-    """The source folders of Lightning's packages (a warning raised from a file under them is Lightning's)."""
-    return tuple(str(Path(str(pkg.__file__)).parent) for pkg in (pytorch_lightning, lightning_fabric))
-
-
 class LightningInfoOffTerminal(logging.Filter):
     """On a handler that writes to the terminal: drops Lightning's records below WARNING. With `copy`, it first
     writes them to run.log (a handler of Lightning's own, where no Hydra file handler takes them there)."""
@@ -260,7 +225,8 @@ def quiet_terminal() -> Iterator[None]:
     installed = [(handler, LightningInfoOffTerminal(copy)) for handler, copy in _terminal_handlers()]
     for handler, log_filter in installed:
         handler.addFilter(log_filter)
-    show, folders = warnings.showwarning, lightning_dirs()
+    show = warnings.showwarning
+    folders = tuple(str(Path(str(p.__file__)).parent) for p in (pytorch_lightning, lightning_fabric))  # Lightning's
 
     def show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None):
         if str(filename).startswith(folders) and to_log_only(
@@ -276,12 +242,6 @@ def quiet_terminal() -> Iterator[None]:
         warnings.showwarning = show
         for handler, log_filter in installed:
             handler.removeFilter(log_filter)
-
-
-# --- progress ------------------------------------------------------------------------------------------------------
-
-MODES = ("auto", "bar", "status", "none")
-SHOWN = ("train/loss", "val/acc", "val/acc_best")
 
 
 def progress_mode(setting: object, isatty: bool | None = None) -> str:

@@ -1,38 +1,20 @@
-"""The training stage and what it settles before its first step: the schedule (`check_schedule`), the run's identity
-and the run dir's ownership (`identify`, `start_run`), then fit, test on the best-val checkpoint, record (`train`).
+"""The training stage: build data and model, settle what must be known before the first step, fit, test on the
+best-val checkpoint, record (`train`). Called by `lra_bench.run.entry.run_stage`, which has validated the config and
+holds the run dir's lock. Under DDP every rank runs it; only rank 0 writes the record, config tree and summary.
 
-Refuse schedules that cannot train or cannot produce the record's numbers, before any step is taken.
+Before anything is written to a run dir that already holds a record, in order: the schedule can run as the record
+will describe it (`check_schedule`: a batch larger than the train split gives 0 optimizer steps and Lightning would
+"finish"; no validation before `max_steps` leaves no best-val checkpoint to test; a split it needs is empty); the
+run's identity and how it deviates from its protocol (`identify`, `lra_bench.config.conformance`); the run dir holds
+this experiment or none (`rundir.check_same_experiment`); a completed run is left byte-identical (unless
+`retest=true`); the checkpoint to resume from loads and was made by this model (`Start.use_checkpoint`:
+`checkpoints.check_fits`, warning when the code changed since). Every refusal is one `ConfigError` line.
 
-A record says `completed` only when every planned step ran and the best-val checkpoint was tested. So a run is
-refused (one line with the split size, the batch and the steps) when the train split gives no optimizer step per
-epoch (a batch larger than the split: Lightning would "finish" with 0 steps), when no validation would run before
-`trainer.max_steps` (no best-val checkpoint to test), or when a split it needs is empty. After training,
-`check_steps_ran` turns a fit that returned early into a failure instead of a completion.
-
-What a training run settles before its first step: schedule, identity, run-dir ownership, the checkpoint.
-
-Called by `train` (below) once the data is prepared and the network built, before anything is written
-to a run dir that already holds a record. In order (the first two called by the stage, whose record stores what
-they find): the schedule can run (`check_schedule`); the run's identity and fingerprint, and how it
-deviates from its protocol (`identify`, `lra_bench.config.conformance`); the run dir holds this experiment or none
-(`rundir.check_same_experiment`); a run already completed is left as it is (unless `retest=true`); then
-`Start.use_checkpoint`: the checkpoint to resume from loads and was made by this model
-(`checkpoints.check_fits`, which also warns when the code changed since it was written). Every refusal is
-one `ConfigError` line, and nothing has been written to a folder that already holds a record.
-
-The training stage: build data + model, fit, test on the best-val checkpoint, record.
-
-Called by `lra_bench.run.entry.run_stage`, which has validated the config and holds the run dir's lock. Resuming is
-the default: the run's output dir is derived from its overrides (same command → same dir), and `ckpt_path=last`
-continues from `<output_dir>/checkpoints/last.ckpt` when it exists (a corrupt one falls back to `last-prev.ckpt`,
-then the best checkpoint; see `lra_bench.run.checkpoints`, which also owns requeue handling). Under DDP every
-rank runs this function; only rank 0 writes the result record, config tree and summary.
-
-Before anything is written to a run dir that already holds a record, the stage settles the schedule,
-the run's identity (a folder of another experiment is refused), whether the run is already completed (then its
-record is left byte-identical) and whether the checkpoint fits. The record is this stage's alone
-(`lra_bench.run.recorder`): the callbacks and helpers return or expose their numbers, and the helpers below put
-them into it.
+Resuming is the default: the run dir is derived from the overrides (same command → same dir), and `ckpt_path=last`
+continues from `checkpoints/last.ckpt` (`lra_bench.run.checkpoints`). A record says `completed` only when every
+planned step ran (`check_steps_ran` turns a fit that returned early into a failure) and the best-val checkpoint was
+tested. The record is this stage's alone (`lra_bench.run.recorder`): the callbacks and helpers return or expose
+their numbers, and the helpers below put them into it.
 """
 
 from __future__ import annotations
@@ -52,6 +34,7 @@ from lra_bench.config import conformance
 from lra_bench.config.pretrained_run import PretrainedSource
 from lra_bench.diagnostics.callback import DiagnosticsCallback
 from lra_bench.errors import ConfigError
+from lra_bench.kit.say import say
 from lra_bench.record.builder import new_record
 from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, load_checkpoint, load_usable
 from lra_bench.record.curves import write_curves
@@ -67,21 +50,12 @@ from lra_bench.run.build import (
     slurm_plugins,
     trainer_kwargs,
 )
-from lra_bench.run.checkpoints import (
-    IdentityStamp,
-    Resume,
-    RunCheckpointIO,
-    check_fits,
-    warn_if_code_changed,
-)
 from lra_bench.run.console import chosen_preset, opening_line, print_config, print_summary, resume_command
 from lra_bench.run.metrics import EfficiencyMonitor, build_loggers, finish_wandb
 from lra_bench.run.recorder import Recorder, TestOutputs, run_test
 from lra_bench.run.rundir import point_latest
 from lra_bench.run.signals import StopSignals, tell
 from lra_bench.run.terminal import progress_callbacks
-
-# --- schedule ------------------------------------------------------------------------------------------------------
 
 
 def _size(dm: Any, split: str) -> int:
@@ -159,22 +133,19 @@ def warmup_warning(cfg: DictConfig) -> str | None:
     )
 
 
-# --- start ---------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Start:
     finished: dict[str, Any] | None  # the run dir's completed record of this experiment (left untouched)
     previous: dict[str, Any] | None  # with retest=true: that completed record (its training numbers are kept)
-    stamp: IdentityStamp | None  # the callback that writes the identity into every checkpoint
+    stamp: checkpoints.IdentityStamp | None  # the callback that writes the identity into every checkpoint
 
-    def use_checkpoint(self, resume: Resume, module: Any, code: dict[str, Any] | None) -> str | None:
+    def use_checkpoint(self, resume: checkpoints.Resume, module: Any, code: dict[str, Any] | None) -> str | None:
         """Refuse a checkpoint that does not load or was made by another model; warn when the code changed.
         Returns the record's `run.resumed_from` (the checkpoint's absolute path; None when starting fresh)."""
         if not resume.path or self.stamp is None:
             return None
-        checkpoint = check_fits(resume.path, self.stamp.identity, module, resume.checkpoint)
-        warn_if_code_changed(checkpoint, code or {}, resume.path)
+        checkpoint = checkpoints.check_fits(resume.path, self.stamp.identity, module, resume.checkpoint)
+        checkpoints.warn_if_code_changed(checkpoint, code or {}, resume.path)
         return str(Path(resume.path).resolve())
 
 
@@ -207,11 +178,9 @@ def start_run(cfg: DictConfig, output_dir: Path, record: RunRecord, found: Ident
         return Start(finished=done, previous=None, stamp=None)
     if is_zero and (stored is None or renewed):
         rundir.write_identity(output_dir, found.identity, found.fingerprint, record.code or {}, renewed)
-    stamp = IdentityStamp(found.identity, found.fingerprint, record.config, record.code or {})
+    stamp = checkpoints.IdentityStamp(found.identity, found.fingerprint, record.config, record.code or {})
     return Start(finished=None, previous=done, stamp=stamp)
 
-
-# --- train ---------------------------------------------------------------------------------------------------------
 
 EFFICIENCY_KEYS = (
     "step_time_median_s",
@@ -307,8 +276,8 @@ def prepare(
     record, pretraining_stage = recorder.record, cfg.stage == "pretrain"
     dm = build_datamodule(cfg)
     prepare_data(dm, output_dir, recorder.is_zero)
-    record.data.update(dm.data_info())
-    record.data.update({"majority_share": majority_share(dm) if recorder.is_zero and not pretraining_stage else None})
+    majority = majority_share(dm) if recorder.is_zero and not pretraining_stage else None
+    record.data.update({**dm.data_info(), "majority_share": majority})
     if pretraining_stage:
         record.pretrain = pretrain.stage_info(cfg, dm)
     module = build_module(cfg, dm, source, record.pretrain)
@@ -340,7 +309,8 @@ def resume_from(cfg: DictConfig, output_dir: Path) -> checkpoints.Resume:
         return checkpoints.Resume()
     if cfg.ckpt_path == "last":
         resume = checkpoints.find_resumable(output_dir / CHECKPOINT_DIR)
-        checkpoints.log_resume(resume)
+        if resume.path and getattr(rank_zero_only, "rank", 0) == 0:  # on the terminal (a Lightning record: run.log)
+            say(f"[lra-bench] resuming from {resume.path} (step {resume.step})")
         return resume
     path = Path(str(cfg.ckpt_path)).expanduser()  # (validate() checked it too; the file may have changed since)
     return checkpoints.Resume.of(path, load_usable(path, shown=cfg.ckpt_path))
@@ -379,14 +349,17 @@ def assemble_callbacks(
         *_extra_callbacks(cfg, dm, recorder),
     ]
     progress, bar = progress_callbacks(cfg.callbacks.progress_bar, float(cfg.callbacks.get("status_every_s", 30)))
-    return watched, [*callbacks, *progress, *model_summary(cfg), *instantiate_callbacks(cfg)], bar
+    # Lightning's plain layer table, which it logs (to run.log only: `lra_bench.run.terminal`); with rich installed
+    # Lightning would pick its rich table, printed straight to the terminal
+    summary = [ModelSummary()] if cfg.trainer.get("enable_model_summary", True) else []
+    return watched, [*callbacks, *progress, *summary, *instantiate_callbacks(cfg)], bar
 
 
 def build_trainer(
     cfg: DictConfig, output_dir: Path, callbacks: list[pl.Callback], bar: bool, record: RunRecord
-) -> tuple[pl.Trainer, RunCheckpointIO]:
+) -> tuple[pl.Trainer, checkpoints.RunCheckpointIO]:
     """The Trainer with its loggers (the W&B run's id goes into the record) and the checkpoint I/O plugin."""
-    checkpoint_io = RunCheckpointIO()  # atomic writes in the checkpoint's folder; the resume's one load
+    checkpoint_io = checkpoints.RunCheckpointIO()  # atomic writes in the checkpoint's folder; the resume's one load
     loggers, wandb_id = build_loggers(cfg, output_dir, run_name=f"{cfg.task.name}-{cfg.attn.name}-{output_dir.name}")
     record.run.wandb_id = wandb_id
     trainer = pl.Trainer(
@@ -414,7 +387,7 @@ def record_fit(
     best = watched.best.best_model_path or None
     if not best:  # start_run made sure validations run: a missing best-val checkpoint is a failure
         raise RuntimeError("no best-val checkpoint was written, so there is nothing to test")
-    record.metrics.best_step = checkpoint_step(best)
+    record.metrics.best_step = int(load_checkpoint(best).get("global_step", 0))
     score = watched.best.best_model_score
     record.metrics.val_acc = float(score) if score is not None else None
     if start.previous is not None:  # retest: nothing trained, so the training numbers stay as recorded
@@ -476,18 +449,6 @@ def requeue_grace_s() -> float:
     except Exception:  # not under Hydra, or a launcher without the key
         delay = None
     return max(5.0, 0.5 * float(delay)) if delay else 60.0
-
-
-def checkpoint_step(path: str | None) -> int | None:
-    if not path:
-        return None
-    return int(load_checkpoint(path).get("global_step", 0))
-
-
-def model_summary(cfg: DictConfig) -> list[pl.Callback]:
-    """Lightning's plain layer table, which it logs (so it lands in run.log only: `lra_bench.run.terminal`); with rich
-    installed Lightning would pick its rich table, printed straight to the terminal."""
-    return [ModelSummary()] if cfg.trainer.get("enable_model_summary", True) else []
 
 
 def draw_curves(output_dir: Path, record: dict[str, Any]) -> None:
