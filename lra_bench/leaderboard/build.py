@@ -113,12 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="?",
         const="auto",
         choices=("auto", *wandb_log.MODES),
-        default=None,
         help="also log the tables and charts to a W&B run (job_type leaderboard, the sweep's group): offline unless "
         "`online` is given or WANDB_MODE=online",
     )
-    parser.add_argument("--wandb-group", default=None, help="W&B group (default: the sweep runs' logger.wandb.group)")
-    parser.add_argument("--wandb-project", default=None, help="W&B project (default: the sweep runs' project)")
+    parser.add_argument("--wandb-group", help="W&B group (default: the sweep runs' logger.wandb.group)")
+    parser.add_argument("--wandb-project", help="W&B project (default: the sweep runs' project)")
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
