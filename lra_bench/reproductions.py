@@ -29,7 +29,6 @@ The figures are written next to the page; they are not compared byte for byte (f
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import subprocess
@@ -43,6 +42,7 @@ from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, mean_and_interval, reproduction_verdict
 from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, LAST, META_KEY, load_checkpoint
+from lra_bench.record.curves import VAL_ACC, read_metrics
 from lra_bench.registry import ATTENTIONS
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
@@ -68,14 +68,13 @@ CURVES_TITLE = "Every reproduction run (dashed: in progress)"
 
 
 def read_curve(folder: Path) -> list[tuple[int, float]]:
-    """(step, val accuracy) of every evaluation in the run's CSV metrics (later attempts win on a repeated step)."""
-    points: dict[int, float] = {}
-    for path in sorted(folder.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
-        with open(path, newline="") as fh:
-            for row in csv.DictReader(fh):
-                if row.get("val/acc"):
-                    points[int(row["step"]) + 1] = float(row["val/acc"])  # Lightning logs the step before it
-    return sorted(points.items())
+    """(step, val accuracy) of every evaluation in the run's CSV metrics, its attempts joined as `curves.png`'s
+    (`lra_bench.record.curves.read_metrics`)."""
+    metrics = read_metrics(folder)
+    if metrics is None or VAL_ACC not in metrics:
+        return []
+    evaluated = metrics[metrics[VAL_ACC].notna()]
+    return [(int(step), float(acc)) for step, acc in zip(evaluated["step"], evaluated[VAL_ACC])]
 
 
 def collect(root: Path = ROOT) -> list[Run]:
