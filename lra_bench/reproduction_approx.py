@@ -30,6 +30,7 @@ import datetime as dt
 import json
 import math
 import platform
+import re
 import statistics
 import sys
 import time
@@ -64,7 +65,7 @@ def best_checkpoint(run: Path) -> Path:
 
 
 def _step_in_name(path: Path) -> int:
-    digits = "".join(c if c.isdigit() else " " for c in path.stem).split()
+    digits = re.findall(r"\d+", path.stem)
     return int(digits[-1]) if digits else -1
 
 
@@ -92,16 +93,18 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
         for head in layer["heads"]:
             rows = head["sequences"]
             every += rows
+            output, matrix = _stats(rows, "output_residual"), _stats(rows, "matrix_residual")
             heads.append(
                 {
                     "head": head["head"],
                     "sequences": len(rows),
-                    "output_error_mean": 0.0 if exact else _mean(_numbers(rows, "output_residual")),
-                    "output_error_median": 0.0 if exact else median_of(_numbers(rows, "output_residual")),
-                    "matrix_error_mean": 0.0 if exact else _mean(_numbers(rows, "matrix_residual")),
-                    "rank_a_hat_median": median_of(_numbers(rows, "rank_a_hat")),
-                    "rank_budget_median": median_of(_numbers(rows, "rank_budget")),
-                    "rank_a_median": median_of(_numbers(rows, "rank_a")),
+                    "output_error_mean": 0.0 if exact else output["mean"],
+                    "output_error_median": 0.0 if exact else output["median"],
+                    "matrix_error_mean": 0.0 if exact else matrix["mean"],
+                    **{
+                        f"{key}_median": median_of(_numbers(rows, key))
+                        for key in ("rank_a_hat", "rank_budget", "rank_a")
+                    },
                 }
             )
         layers.append({"layer": layer["layer"], "heads": heads})
@@ -216,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", type=int, default=PROBE_SEQUENCES)
     parser.add_argument("--max-len", type=int, default=PROBE_MAX_LEN)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--data-dir", default=None, help="read the task's data here instead of the run's data_dir")
-    parser.add_argument("--command", default=None, help="the command line to record (default: this one)")
+    parser.add_argument("--data-dir", help="read the task's data here instead of the run's data_dir")
+    parser.add_argument("--command", help="the command line to record (default: this one)")
     args = parser.parse_args(argv)
     out = args.out or args.run / APPROX_FILE
     cmd = args.command or " ".join(["python -m lra_bench.reproduction_approx", *(argv or sys.argv[1:])])

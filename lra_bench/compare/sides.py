@@ -192,9 +192,11 @@ def collect(name: str, spec: str, search_dirs: Sequence[Path], include_evaluated
         raise CompareError(f"{name}={spec!r}: no such file or directory, and not a selector (key=value[,key=value])")
     records, unreadable = load_records(find_results(roots))
     notes = [f"unreadable: {u['path']} ({u['reason']})" for u in unreadable]
-    chosen = [r for r in records if not conditions or matches(r, identity_of(r), conditions)]
-    skipped = Counter(reason for r in chosen if (reason := _usable(r, include_evaluated)))
-    picked = [r for r in chosen if not _usable(r, include_evaluated)]
+    chosen = [
+        (r, _usable(r, include_evaluated)) for r in records if not conditions or matches(r, identity_of(r), conditions)
+    ]
+    skipped = Counter(reason for _, reason in chosen if reason)
+    picked = [r for r, reason in chosen if not reason]
     for record in picked:
         _check_accuracy(name, record)
     notes += [f"left out {n} run(s): {reason}" for reason, n in sorted(skipped.items())]

@@ -137,10 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['n_files']} results.json: {len(result['rows'])} groups, {len(result['failures'])} failed or "
         f"unfinished, {len(result['unreadable'])} unreadable"
     )
-    for name in ("markdown", "csv", "wide_csv", "reproduced_csv"):
-        print(f"  {result[name]}")
-    for plot in result["plots"]:
-        print(f"  {plot}")
+    for path in (*(result[name] for name in ("markdown", "csv", "wide_csv", "reproduced_csv")), *result["plots"]):
+        print(f"  {path}")
     if wandb_dir is not None:
         print(f"  W&B: {wandb_dir}")
     return 1 if wandb_failed else 0
