@@ -30,7 +30,6 @@ import datetime as dt
 import json
 import math
 import platform
-import re
 import statistics
 import sys
 import time
@@ -65,7 +64,7 @@ def best_checkpoint(run: Path) -> Path:
 
 
 def _step_in_name(path: Path) -> int:
-    digits = re.findall(r"\d+", path.stem)
+    digits = "".join(c if c.isdigit() else " " for c in path.stem).split()
     return int(digits[-1]) if digits else -1
 
 
@@ -93,18 +92,16 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
         for head in layer["heads"]:
             rows = head["sequences"]
             every += rows
-            output, matrix = _stats(rows, "output_residual"), _stats(rows, "matrix_residual")
             heads.append(
                 {
                     "head": head["head"],
                     "sequences": len(rows),
-                    "output_error_mean": 0.0 if exact else output["mean"],
-                    "output_error_median": 0.0 if exact else output["median"],
-                    "matrix_error_mean": 0.0 if exact else matrix["mean"],
-                    **{
-                        f"{key}_median": median_of(_numbers(rows, key))
-                        for key in ("rank_a_hat", "rank_budget", "rank_a")
-                    },
+                    "output_error_mean": 0.0 if exact else _mean(_numbers(rows, "output_residual")),
+                    "output_error_median": 0.0 if exact else median_of(_numbers(rows, "output_residual")),
+                    "matrix_error_mean": 0.0 if exact else _mean(_numbers(rows, "matrix_residual")),
+                    "rank_a_hat_median": median_of(_numbers(rows, "rank_a_hat")),
+                    "rank_budget_median": median_of(_numbers(rows, "rank_budget")),
+                    "rank_a_median": median_of(_numbers(rows, "rank_a")),
                 }
             )
         layers.append({"layer": layer["layer"], "heads": heads})
