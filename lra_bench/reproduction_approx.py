@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", type=int, default=PROBE_SEQUENCES)
     parser.add_argument("--max-len", type=int, default=PROBE_MAX_LEN)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--data-dir", default=None, help="read the task's data here instead of the run's data_dir")
-    parser.add_argument("--command", default=None, help="the command line to record (default: this one)")
+    parser.add_argument("--data-dir", help="read the task's data here instead of the run's data_dir")
+    parser.add_argument("--command", help="the command line to record (default: this one)")
     args = parser.parse_args(argv)
     out = args.out or args.run / APPROX_FILE
     cmd = args.command or " ".join(["python -m lra_bench.reproduction_approx", *(argv or sys.argv[1:])])

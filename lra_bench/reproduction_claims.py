@@ -26,9 +26,9 @@ from typing import Any
 
 from lra_bench.compare.pairing import efficiency, seed_outcome
 from lra_bench.kit.markdown import table
-from lra_bench.leaderboard.reproduced import reproduction_interval
 from lra_bench.reproduction_approx import EXACT
-from lra_bench.reproduction_runs import Run
+from lra_bench.reproduction_cost import cost_rows
+from lra_bench.reproduction_runs import Run, completed
 from lra_bench.stats.paired import NO_TEST, PairedResult, compare_paired
 from lra_bench.stats.power import seeds_per_arm
 from lra_bench.stats.summary import holm, tie_aware_ranks
@@ -39,25 +39,20 @@ EFFICIENCY_FACTOR = 1.5  # and "at least 1.5× lower attention memory or latency
 MIN_SEEDS = 2  # a claim about methods needs the seed spread: at least 2 paired seeds
 
 
-def completed(runs: Sequence[Run], attn: str) -> list[Run]:
-    """The completed on-protocol runs of the current network of `attn`, by seed."""
-    mine = [r for r in runs if r.attn == attn and r.counted and r.completed and r.test_acc is not None]
-    return sorted(mine, key=lambda r: r.seed)
-
-
 def _with_path(run: Run) -> dict[str, Any]:
     """The record as `compare` reads it: with `_path`, where its test predictions lie beside it."""
     return {**run.record, "_path": str(run.folder / "results.json")}
 
 
 def paired(a: Sequence[Run], b: Sequence[Run]) -> PairedResult | None:
-    """Δ = a − b over the seeds both have (per-example outcomes where both runs saved them); None without one."""
+    """Δ = a − b over the seeds both have (per-example outcomes where both runs saved them); None with fewer than
+    `MIN_SEEDS` of them."""
     b_by_seed = {r.seed: r for r in b}
     notes: list[str] = []
     outcomes = [
         seed_outcome(r.seed, _with_path(r), _with_path(b_by_seed[r.seed]), notes) for r in a if r.seed in b_by_seed
     ]
-    return compare_paired(outcomes) if outcomes else None
+    return compare_paired(outcomes) if len(outcomes) >= MIN_SEEDS else None
 
 
 def seeds_needed(
@@ -85,15 +80,12 @@ def seeds_needed(
     )
 
 
-def _pp(value: float) -> str:
-    return f"{100 * value:+.2f} pp"
-
-
 def _delta_text(result: PairedResult) -> str:
     ci = f" [{100 * result.ci[0]:+.2f}, {100 * result.ci[1]:+.2f}]" if result.ci else ""
     p = f", p = {result.p:.3g}" if result.p is not None else ""
     how = result.note if result.test == NO_TEST else result.test
-    return f"Δ {_pp(result.delta)}{ci} ({result.n_seeds} paired seed{'s' * (result.n_seeds != 1)}, {how}{p})"
+    seeds = f"{result.n_seeds} paired seed{'s' * (result.n_seeds != 1)}"
+    return f"Δ {100 * result.delta:+.2f} pp{ci} ({seeds}, {how}{p})"
 
 
 def _waiting(a: str, b: str, runs_a: Sequence[Run], runs_b: Sequence[Run]) -> str:
@@ -105,7 +97,7 @@ def _waiting(a: str, b: str, runs_a: Sequence[Run], runs_b: Sequence[Run]) -> st
 
 def equivalence(result: PairedResult, margin_pp: float = EQUIVALENCE_PP) -> str:
     """met / missed / cannot tell for "less than `margin_pp` accuracy loss", from the interval of Δ."""
-    if result.n_seeds < MIN_SEEDS or result.ci is None:
+    if result.ci is None:
         return "cannot tell (no interval over seeds)"
     low, high = 100 * result.ci[0], 100 * result.ci[1]
     if low > -margin_pp:
@@ -117,28 +109,28 @@ def equivalence(result: PairedResult, margin_pp: float = EQUIVALENCE_PP) -> str:
 
 def spectral_claim(runs: Sequence[Run]) -> list[str]:
     spectral, full = completed(runs, "spectral"), completed(runs, EXACT)
-    lines = ["### Outlier-spectral against full attention", ""]
-    lines += [
+    lines = [
+        "### Outlier-spectral against full attention",
+        "",
         f"Criterion: at least {EFFICIENCY_FACTOR:g}× lower memory or latency with less than {EQUIVALENCE_PP:g} pp "
         "accuracy loss.",
         "",
     ]
     result = paired(spectral, full)
-    if result is None or result.n_seeds < MIN_SEEDS:
+    if result is None:
         return [*lines, _waiting("spectral", EXACT, spectral, full), ""]
     eff = efficiency([_with_path(r) for r in spectral], [_with_path(r) for r in full])
-    speed = eff.speed
+    speed, memory_ratio = eff.speed, eff.memory_ratio
     latency = (
         f"step time ratio {speed.ratio:.2f}× [{speed.ci[0]:.2f}, {speed.ci[1]:.2f}]"
         if speed.ratio is not None and speed.ci
         else f"step time ratio not measured ({speed.reason or speed.status})"
     )
-    memory = f"peak memory ratio {eff.memory_ratio:.2f}×" if eff.memory_ratio is not None else "peak memory unknown"
-    saving = (speed.ratio is not None and speed.ratio <= 1 / EFFICIENCY_FACTOR) or (
-        eff.memory_ratio is not None and eff.memory_ratio <= 1 / EFFICIENCY_FACTOR
-    )
+    memory = f"peak memory ratio {memory_ratio:.2f}×" if memory_ratio is not None else "peak memory unknown"
+    saving = any(ratio is not None and ratio <= 1 / EFFICIENCY_FACTOR for ratio in (speed.ratio, memory_ratio))
     where = "" if eff.comparable else f" ({eff.note})"
-    lines += [
+    return [
+        *lines,
         f"Accuracy: {_delta_text(result)} — {equivalence(result)}.",
         "",
         f"Efficiency (spectral / full, whole training step and process, median over seeds){where}: {latency}, "
@@ -147,35 +139,22 @@ def spectral_claim(runs: Sequence[Run]) -> list[str]:
         seeds_needed(spectral, full, "spectral", EXACT, EQUIVALENCE_PP),
         "",
     ]
-    return lines
-
-
-def rank_rows(runs: Sequence[Run]) -> list[tuple[str, float, tuple[float, float] | None, int]]:
-    """Per attention with completed seeds: (attention, mean %, 95% t-interval % or None, seeds)."""
-    rows = []
-    for attn in sorted({r.attn for r in runs}):
-        accs = [100 * float(r.test_acc) for r in completed(runs, attn) if r.test_acc is not None]
-        if accs:
-            rows.append((attn, statistics.fmean(accs), reproduction_interval(accs), len(accs)))
-    return rows
 
 
 def gpa_claim(runs: Sequence[Run]) -> list[str]:
+    """GPA against each other efficient attention (Holm-adjusted), and its tie-aware rank among all attentions."""
     lines = ["### GPA against every other efficient attention", ""]
-    gpa = completed(runs, "gpa")
-    others = [a for a, *_ in rank_rows(runs) if a not in ("gpa", EXACT)]
-    results = [(a, paired(gpa, completed(runs, a))) for a in others]
-    tested = [(a, r) for a, r in results if r is not None and r.n_seeds >= MIN_SEEDS]
-    waiting = [a for a in others if a not in {t for t, _ in tested}]
+    rows, gpa = cost_rows(runs)[0], completed(runs, "gpa")
+    others = [r.attn for r in rows if r.attn not in ("gpa", EXACT)]
+    tested = [(a, result) for a in others if (result := paired(gpa, completed(runs, a))) is not None]
+    waiting = [a for a in others if a not in dict(tested)]
     if tested:
-        adjusted = holm([r.p for _, r in tested])
         body = []
-        for (attn, result), p_holm in zip(tested, adjusted):
-            tell = (
-                "cannot tell"
-                if p_holm is None or p_holm >= 0.05
-                else ("GPA better" if result.delta > 0 else "GPA worse")
-            )
+        for (attn, result), p_holm in zip(tested, holm([r.p for _, r in tested])):
+            if p_holm is None or p_holm >= 0.05:
+                tell = "cannot tell"
+            else:
+                tell = "GPA better" if result.delta > 0 else "GPA worse"
             holm_text = f"{p_holm:.3g}" if p_holm is not None else "—"
             body.append([f"gpa − {attn}", _delta_text(result), holm_text, tell])
         lines += [*table(["comparison", "Δ (95% CI)", "Holm-adjusted p", "reading (α 0.05)"], body), ""]
@@ -183,26 +162,25 @@ def gpa_claim(runs: Sequence[Run]) -> list[str]:
         lines += [f"No other efficient attention has ≥ {MIN_SEEDS} completed seeds paired with GPA's yet.", ""]
     if waiting:
         lines += [f"Not yet comparable (fewer than {MIN_SEEDS} paired seeds): {', '.join(waiting)}.", ""]
-    rows = [r for r in rank_rows(runs) if r[3] >= MIN_SEEDS]
-    ranks = tie_aware_ranks([r[2] for r in rows])
-    place = next((rank for (attn, *_), rank in zip(rows, ranks) if attn == "gpa"), None)
+    ranked = [r for r in rows if r.seeds >= MIN_SEEDS]
+    ranks = tie_aware_ranks([r.interval for r in ranked])
+    place = next((rank for row, rank in zip(ranked, ranks) if row.attn == "gpa"), None)
     if place is None:
-        lines += [f"Rank: GPA has fewer than {MIN_SEEDS} completed seeds.", ""]
-    else:
-        tied = sum(rank == place for rank in ranks) - 1
-        lines += [
-            f"Rank: {place} of {len(rows)} attentions with ≥ {MIN_SEEDS} seeds (tie-aware: below another only when "
-            f"the 95% intervals of the means do not overlap){f', tied with {tied} other(s)' if tied else ''}.",
-            "",
-        ]
-    return lines
+        return [*lines, f"Rank: GPA has fewer than {MIN_SEEDS} completed seeds.", ""]
+    tied = sum(rank == place for rank in ranks) - 1
+    return [
+        *lines,
+        f"Rank: {place} of {len(ranked)} attentions with ≥ {MIN_SEEDS} seeds (tie-aware: below another only when "
+        f"the 95% intervals of the means do not overlap){f', tied with {tied} other(s)' if tied else ''}.",
+        "",
+    ]
 
 
 def pivoted_claim(runs: Sequence[Run]) -> list[str]:
     lines = ["### Residual-pivoted against Nyström at equal rank", ""]
     pivoted, nystrom = completed(runs, "pivoted"), completed(runs, "nystrom")
     result = paired(pivoted, nystrom)
-    if result is None or result.n_seeds < MIN_SEEDS:
+    if result is None:
         return [*lines, _waiting("pivoted", "nystrom", pivoted, nystrom), ""]
     budgets = {r.record.get("rank_budget") for r in (*pivoted, *nystrom)}
     if len(budgets) != 1:
@@ -214,7 +192,7 @@ def locality_claim(runs: Sequence[Run]) -> list[str]:
     lines = ["### Locality: a bounded window against full attention", ""]
     local, full = completed(runs, "local"), completed(runs, EXACT)
     result = paired(local, full)
-    if result is None or result.n_seeds < MIN_SEEDS:
+    if result is None:
         return [*lines, _waiting("local", EXACT, local, full), ""]
     windows = {r.typed.config_at("attn.window") for r in local}
     share = statistics.fmean(r.test_acc or 0.0 for r in local) / statistics.fmean(r.test_acc or 0.0 for r in full)

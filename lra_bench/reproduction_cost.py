@@ -5,10 +5,9 @@ paper's Figure 3 (accuracy against speed and memory), from our runs.
 Comparable rows only: a step time depends on the machine and on the encoder's kernel path, and the reproductions
 run on whichever CPU type a session draws. So the cost columns and the figure use the runs of one machine and path —
 the CPU (name, identity and vector unit) and `model.kernels` that most completed runs share (`Run.timing`) — and an
-attention with no run there is listed without cost. Accuracy is
-over every completed seed (it does not depend on the machine beyond fp32 rounding). Both cost measures are of the
-whole training step and process (`metrics.step_time_median_s`, `metrics.peak_memory_mib`), measured while the
-other core ran another reproduction (the load is in each record).
+attention with no run there is listed without cost. Accuracy is over every completed seed (it does not depend on
+the machine beyond fp32 rounding). Both cost measures are of the whole training step and process, measured while
+the other core ran another reproduction (the load is in each record).
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from lra_bench.kit.figures import pyplot, save_figure
 from lra_bench.kit.markdown import table
 from lra_bench.kit.numbers import median_of
 from lra_bench.leaderboard.reproduced import reproduction_interval
-from lra_bench.reproduction_claims import completed
-from lra_bench.reproduction_runs import Run
+from lra_bench.reproduction_runs import Run, completed
 
 COST_FIGURE = "reproductions_cost.png"
 
@@ -40,38 +38,21 @@ class CostRow:
     timed_runs: int  # how many runs the cost columns are over
 
 
-def reference_machine(runs: Sequence[Run]) -> str | None:
-    """The machine and kernel path most completed runs were timed on (`Run.timing`; ties: the first in name order)."""
-    counts = Counter(r.timing for r in runs)
-    return min(counts, key=lambda m: (-counts[m], m)) if counts else None
-
-
 def cost_rows(runs: Sequence[Run]) -> tuple[list[CostRow], str | None]:
-    """One row per attention with a completed seed, and the machine the cost columns are from."""
-    done = {attn: completed(runs, attn) for attn in sorted({r.attn for r in runs})}
-    done = {attn: mine for attn, mine in done.items() if mine}
-    where = reference_machine([r for mine in done.values() for r in mine])
+    """One row per attention with a completed seed, and the machine and kernel path the cost columns are from: the
+    one most completed runs were timed on (`Run.timing`; ties: the first in name order)."""
+    done = {attn: mine for attn in sorted({r.attn for r in runs}) if (mine := completed(runs, attn))}
+    counts = Counter(r.timing for mine in done.values() for r in mine)
+    where = min(counts, key=lambda m: (-counts[m], m)) if counts else None
     rows = []
     for attn, mine in done.items():
         accs = [100 * float(r.test_acc or 0.0) for r in mine]
-        timed = [r for r in mine if r.timing == where]
-        metrics = [r.typed.metrics for r in timed]
+        timed = [r.typed.metrics for r in mine if r.timing == where]
+        step, memory = median_of(m.step_time_median_s for m in timed), median_of(m.peak_memory_mib for m in timed)
         rows.append(
-            CostRow(
-                attn,
-                statistics.fmean(accs),
-                reproduction_interval(accs),
-                len(accs),
-                median_of([m.step_time_median_s for m in metrics]),
-                median_of([m.peak_memory_mib for m in metrics]),
-                len(timed),
-            )
+            CostRow(attn, statistics.fmean(accs), reproduction_interval(accs), len(accs), step, memory, len(timed))
         )
     return rows, where
-
-
-def _interval(row: CostRow) -> str:
-    return f"{row.accuracy:.2f}" + (f" [{row.interval[0]:.2f}, {row.interval[1]:.2f}]" if row.interval else "")
 
 
 def cost_section(runs: Sequence[Run], figure: str | None) -> list[str]:
@@ -82,7 +63,7 @@ def cost_section(runs: Sequence[Run], figure: str | None) -> list[str]:
     body = [
         [
             r.attn,
-            _interval(r),
+            f"{r.accuracy:.2f}" + (f" [{r.interval[0]:.2f}, {r.interval[1]:.2f}]" if r.interval else ""),
             str(r.seeds),
             f"{r.step_s:.3f} s" if r.step_s is not None else "— (not run on this machine and path)",
             f"{r.memory_mib:,.0f} MiB" if r.memory_mib is not None else "—",

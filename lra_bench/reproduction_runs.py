@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,11 @@ class Run:
     checkpoint_step: int | None = None  # an in-progress snapshot: the step its last.ckpt holds
     segments: list[dict[str, Any]] = field(default_factory=list)  # the training attempts (record, or checkpoint)
     variant: str | None = None  # the record's `variant` (or its variants/<name>/ folder's); None: the protocol's
+
+    @property
+    def name(self) -> str:
+        """`<protocol>/<task>/<attn>/seed-<s>`: the run as the page names it."""
+        return f"{self.protocol}/{self.task}/{self.attn}/seed-{self.seed}"
 
     @property
     def typed(self) -> reader.ReadRecord:
@@ -137,6 +142,12 @@ def recorded_run(seed_dir: Path, folder: Path, variant: str | None = None) -> Ru
     run.variant = record.get("variant") or variant
     run.segments = run.typed.run.segments or []
     return run
+
+
+def completed(runs: Sequence[Run], attn: str) -> list[Run]:
+    """The completed on-protocol runs of the current network of `attn` (`Run.counted`) with a test accuracy, by seed."""
+    mine = [r for r in runs if r.attn == attn and r.counted and r.completed and r.test_acc is not None]
+    return sorted(mine, key=lambda r: r.seed)
 
 
 def completed_runs(protocol: str, task: str, attn: str, root: Path = EVIDENCE_ROOT) -> list[Run]:

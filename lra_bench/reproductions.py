@@ -2,58 +2,47 @@
 
 One row per protocol × task × attention beside the published number (`lra_bench.leaderboard.published`): our mean
 and 95% t-interval over the completed seeds, and whether that reproduces the published value
-(`lra_bench.leaderboard.reproduced`). Then every run — completed or in progress — with its steps, test accuracy,
-best validation step, the step where it left the class prior, precision, wall time, machine and threads; the
-validation-accuracy curve of every run in one figure; and, when both sides have completed seeds, what
-`python -m lra_bench.compare attn=gpa attn=nystrom` says about them.
+(`lra_bench.leaderboard.reproduced`). Then every run (completed or in progress), the validation curves, what
+`python -m lra_bench.compare attn=gpa attn=nystrom` says, accuracy against cost (`lra_bench.reproduction_cost`), the
+methods' claims (`lra_bench.reproduction_claims`) and accuracy against approximation error
+(`lra_bench.reproduction_approx`).
 
 Variants: runs of a network the protocol no longer computes (`reproductions/variants/<name>/<protocol>/<task>/<attn>/
-seed-<s>/`, each record saying `"variant": "<name>"`; the folder's README says what differs) stay committed and
-are shown in a section of their own — their mean, interval, runs, curves and comparison — never in the rows beside
-the published numbers, which count only runs of the current protocol (a record that names a variant is that
-variant's wherever it lies). Their snapshots keep no checkpoints (they cannot resume under today's network): the
-step and segments the last checkpoint held are in the snapshot's `checkpoint.json`.
-
-Data: the ListOps reproductions train and test on trees made by `tasks.generate.listops` (the release's
-distribution and sizes), not on the LRA release's files; the page says so, and each record's `data.origin` says
-which it used.
+seed-<s>/`, each record saying `"variant": "<name>"`; the folder's README says what differs) stay committed in a
+section of their own, never in the rows beside the published numbers, which count only runs of the current protocol
+(a record that names a variant is that variant's wherever it lies). Their snapshots keep no checkpoints (they cannot
+be resumed under today's network): the step and segments the last checkpoint held are in `checkpoint.json`.
 
 Why "leaves the prior" is recorded: the faithful ListOps schedule learns late and abruptly (a first attempt sat at
 the class prior, val accuracy 0.16–0.19, until step ~2,200), so a run cut short, or a schedule shortened "to save
 time", reports the prior. It is the first evaluation whose accuracy exceeds the validation set's majority-class
 share by `PRIOR_MARGIN`.
 
-Approximation quality and accuracy: each completed run of the current network may keep `approx.json` beside its
-evidence (`lra_bench.reproduction_approx`: its best-val checkpoint's own attention against exact softmax attention on
-a small fixed validation probe). The page lists test accuracy, mean output error and the rank of Â of each, and the
-Spearman rank correlation of accuracy against output error (GPA's paper asserts that better approximation gives
-better accuracy: a negative ρ) with its n and p-value — only with runs of at least `MIN_ATTENTIONS` attentions;
-with fewer it says n is too small to read a link. Variants keep no checkpoints, so they have no approx.json.
-
-Then accuracy against cost (`lra_bench.reproduction_cost`: the LRA paper's Figure 3 from our runs, timed on one
-machine) and the methods' claims (`lra_bench.reproduction_claims`), both over the default target's runs.
+Why the rank correlation of accuracy against output error waits for `MIN_ATTENTIONS` attentions: GPA's paper asserts
+that better approximation gives better accuracy (a negative ρ), a claim about methods, and seeds of one attention
+share its method. Variants keep no checkpoints, so they have no approx.json.
 
 `--check` regenerates the page in memory and fails when the committed one differs (CI runs it through the tests).
-The figure is written next to the page; it is not compared byte for byte (fonts and library versions differ).
+The figures are written next to the page; they are not compared byte for byte (fonts and library versions differ).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from lra_bench.kit.figures import pyplot, save_figure
 from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
-from lra_bench.leaderboard.reproduced import MARGIN_PP, reproduction_interval, reproduction_verdict
+from lra_bench.leaderboard.reproduced import MARGIN_PP, mean_and_interval, reproduction_verdict
 from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, LAST, META_KEY, load_checkpoint
+from lra_bench.record.curves import VAL_ACC, read_metrics
 from lra_bench.registry import ATTENTIONS
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
@@ -75,17 +64,17 @@ SNAPSHOT_PROGRESS = "checkpoint.json"  # a variant snapshot's last checkpoint, r
 VARIANT_TITLES = {
     "pre-fidelity": "the network before it was matched to the reference code (mlpen/Nystromformer@5689313)",
 }
+CURVES_TITLE = "Every reproduction run (dashed: in progress)"
 
 
 def read_curve(folder: Path) -> list[tuple[int, float]]:
-    """(step, val accuracy) of every evaluation in the run's CSV metrics (later attempts win on a repeated step)."""
-    points: dict[int, float] = {}
-    for path in sorted(folder.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
-        with open(path, newline="") as fh:
-            for row in csv.DictReader(fh):
-                if row.get("val/acc"):
-                    points[int(row["step"]) + 1] = float(row["val/acc"])  # Lightning logs the step before it
-    return sorted(points.items())
+    """(step, val accuracy) of every evaluation in the run's CSV metrics, its attempts joined as `curves.png`'s
+    (`lra_bench.record.curves.read_metrics`)."""
+    metrics = read_metrics(folder)
+    if metrics is None or VAL_ACC not in metrics:
+        return []
+    evaluated = metrics[metrics[VAL_ACC].notna()]
+    return [(int(step), float(acc)) for step, acc in zip(evaluated["step"], evaluated[VAL_ACC])]
 
 
 def collect(root: Path = ROOT) -> list[Run]:
@@ -127,9 +116,8 @@ def snapshot_progress(last: Path) -> tuple[int | None, list[dict[str, Any]]]:
 
 def published_rows(protocol: str, task: str) -> dict[str, tuple[float, str]]:
     """attn → (published accuracy %, source label) for the protocol's own table."""
-    _, rows = load_published()
     out: dict[str, tuple[float, str]] = {}
-    for row in rows:
+    for row in load_published()[1]:
         score = row.scores.get(task)
         if row.protocol == protocol and isinstance(score, (int, float)):
             out.setdefault(row.attn, (float(score), row.source_label))
@@ -140,28 +128,27 @@ def _pct(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{100 * value:.{digits}f}"
 
 
-def _wall(run: Run) -> str:
-    seconds, known = run.wall()
-    return f"{seconds / 3600:.2f} h" if known else f"≥ {seconds / 3600:.2f} h (an earlier attempt's end unrecorded)"
+def _seeds(runs: list[Run]) -> tuple[list[float], int]:
+    """The completed runs' test accuracies (%) and how many runs are in progress."""
+    return [100 * r.test_acc for r in runs if r.completed and r.test_acc is not None], sum(
+        not r.completed for r in runs
+    )
 
 
-def _ours(done: list[float]) -> str:
-    """Mean and 95% t-interval of completed seeds' test accuracies (%), "—" without one."""
-    if not done:
+def _verdict(published: tuple[float, str] | None, done: list[float], running: int, attn: str) -> str:
+    if published is None:
         return "—"
-    interval = reproduction_interval(done)
-    return f"{sum(done) / len(done):.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
-
-
-def _counted(runs: list[Run], protocol: str, task: str, attn: str) -> list[Run]:
-    """The runs a row counts: the protocol's own config (never a trial), never a variant's."""
-    return [r for r in runs if (r.protocol, r.task, r.attn) == (protocol, task, attn) and r.counted]
+    if done:
+        return reproduction_verdict(done, published[0])
+    if running:
+        return "in progress"
+    return "not run yet" if attn in ATTENTIONS.names() else "no such attention here"
 
 
 def summary_table(runs: list[Run], targets: Iterable[tuple[str, str]] = ()) -> list[str]:
     """One table per protocol × task (those of `runs`, and `targets` even without a run): each published row, and
     each attention with a run (a variant's too), beside our mean and interval over the completed on-protocol seeds
-    of the current network, and the verdict. A variant's run is never counted here (`_counted`)."""
+    of the current network (`Run.counted`), and the verdict."""
     lines = []
     for protocol, task in sorted({(r.protocol, r.task) for r in runs} | set(targets)):
         published = published_rows(protocol, task)
@@ -170,29 +157,14 @@ def summary_table(runs: list[Run], targets: Iterable[tuple[str, str]] = ()) -> l
         lines += [f"### {TASK_LABELS.get(task, task)}, protocol `{protocol}` ({source})", ""]
         body, completed, judged, learned = [], 0, 0, 0
         for attn in sorted({r.attn for r in group} | set(published)):
-            mine = _counted(group, protocol, task, attn)
-            finished = [(r, acc) for r in mine if r.completed and (acc := r.test_acc) is not None]
-            done = [acc * 100 for _, acc in finished]
-            completed += len(done)
-            known = [r for r, _ in finished if r.prior is not None]  # seeds whose record gives the class prior
+            mine = [r for r in group if r.attn == attn and r.counted]
+            done, running = _seeds(mine)
+            known = [r for r in mine if r.completed and r.test_acc is not None and r.prior is not None]
             left = sum(r.left_prior_at() is not None for r in known)
-            judged, learned = judged + len(known), learned + left
+            completed, judged, learned = completed + len(done), judged + len(known), learned + left
             pub = published.get(attn)
-            running = sum(not r.completed for r in mine)
-            verdict = (
-                "—"
-                if not pub
-                else reproduction_verdict(done, pub[0])
-                if done
-                else "in progress"
-                if running
-                else "not run yet"
-                if attn in ATTENTIONS.names()
-                else "no such attention here"
-            )
-            learned_cell = f"{left} of {len(known)}" if known else "—"
-            row = [attn, f"{pub[0]:.2f}" if pub else "—", _ours(done), f"{len(done)} / {running}", learned_cell]
-            body.append([*row, verdict])
+            row = [attn, f"{pub[0]:.2f}" if pub else "—", mean_and_interval(done), f"{len(done)} / {running}"]
+            body.append([*row, f"{left} of {len(known)}" if known else "—", _verdict(pub, done, running, attn)])
         if not completed:
             lines += ["No completed seed yet of the protocol's current network: no row has a number of ours.", ""]
         header = ["attention", "published", "ours: mean ± 95% CI (completed seeds)", "seeds done / in progress"]
@@ -231,68 +203,53 @@ def variant_table(runs: list[Run], variant: str) -> list[str]:
         group = [r for r in mine if (r.protocol, r.task) == (protocol, task)]
         body = []
         for attn in sorted({r.attn for r in group}):
-            runs_of = [r for r in group if r.attn == attn]
-            done = [r.test_acc * 100 for r in runs_of if r.completed and r.test_acc is not None]
-            body.append([attn, _ours(done), f"{len(done)} / {sum(not r.completed for r in runs_of)}"])
-        header = [
-            "attention",
-            f"variant `{variant}`: mean ± 95% CI (completed seeds)",
-            "seeds done / in progress",
-        ]
+            done, running = _seeds([r for r in group if r.attn == attn])
+            body.append([attn, mean_and_interval(done), f"{len(done)} / {running}"])
+        header = ["attention", f"variant `{variant}`: mean ± 95% CI (completed seeds)", "seeds done / in progress"]
         lines += [f"#### {TASK_LABELS.get(task, task)}, protocol `{protocol}` as it was", "", *table(header, body), ""]
     return lines or ["No on-protocol run in this variant.", ""]
 
 
-RUNS_HEADER = (
-    "run",
-    "status",
-    "steps",
-    "test acc %",
-    "best val % (step)",
-    "left the prior at step",
-    "precision",
-    "wall time",
-    "machine, threads",
-    "on protocol",
-    "data",
+def _best_val(r: Run) -> str:
+    """The record's best val accuracy and its step; for a run in progress, the best point of its curve so far."""
+    if r.completed:
+        metrics = r.typed.metrics
+        return f"{_pct(metrics.val_acc)} ({metrics.best_step})"
+    best = max(r.curve, key=lambda p: p[1], default=None)
+    return f"{_pct(best[1])} ({best[0]})" if best else "—"
+
+
+def _machine(r: Run) -> str:
+    hardware, runtime = r.typed.env_part("hardware"), r.typed.env_part("runtime")
+    unit = f", {hardware['cpu_capability']}" if hardware.get("cpu_capability") else ""  # not in older records
+    return f"{hardware.get('cpu', '?')} ({hardware.get('cpu_count', '?')} CPUs{unit}), {runtime.get('threads', '?')}"
+
+
+def _wall(run: Run) -> str:
+    seconds, known = run.wall()
+    return f"{seconds / 3600:.2f} h" if known else f"≥ {seconds / 3600:.2f} h (an earlier attempt's end unrecorded)"
+
+
+#: the table of every run: each column's header and its cell of a run
+RUN_COLUMNS: tuple[tuple[str, Callable[[Run], Any]], ...] = (
+    ("run", lambda r: r.name),
+    ("status", lambda r: "completed" if r.completed else "in progress (snapshot)"),
+    ("steps", lambda r: f"{r.steps}/{r.typed.run.planned_steps}"),
+    ("test acc %", lambda r: _pct(r.test_acc)),
+    ("best val % (step)", _best_val),
+    ("left the prior at step", lambda r: r.left_prior_at() or "not yet"),
+    ("precision", lambda r: r.typed.config_at("trainer.precision")),
+    ("wall time", _wall),
+    ("machine, threads", _machine),
+    ("on protocol", lambda r: {False: "yes", True: "**no**", None: "unchecked"}[r.record.get("off_protocol")]),
+    ("data", lambda r: r.origin),
 )
 
 
 def runs_table(runs: list[Run]) -> list[str]:
     if not runs:
         return ["No runs yet."]
-    body = []
-    for r in runs:
-        read = r.typed
-        metrics, planned = read.metrics, read.run.planned_steps
-        best_val = max(r.curve, key=lambda p: p[1]) if r.curve else None
-        best = (
-            f"{_pct(metrics.val_acc)} ({metrics.best_step})"
-            if r.completed
-            else (f"{_pct(best_val[1])} ({best_val[0]})" if best_val else "—")
-        )
-        hardware, runtime = read.env_part("hardware"), read.env_part("runtime")
-        unit = f", {hardware['cpu_capability']}" if hardware.get("cpu_capability") else ""  # not in older records
-        cpus = f"{hardware.get('cpu_count', '?')} CPUs{unit}"
-        machine = f"{hardware.get('cpu', '?')} ({cpus}), {runtime.get('threads', '?')}"
-        on = {False: "yes", True: "**no**", None: "unchecked"}[r.record.get("off_protocol")]
-        status = "completed" if r.completed else "in progress (snapshot)"
-        body.append(
-            [
-                f"{r.protocol}/{r.task}/{r.attn}/seed-{r.seed}",
-                status,
-                f"{r.steps}/{planned}",
-                _pct(r.test_acc),
-                best,
-                r.left_prior_at() or "not yet",
-                read.config_at("trainer.precision"),
-                _wall(r),
-                machine,
-                on,
-                r.origin,
-            ]
-        )
-    return table(RUNS_HEADER, body)
+    return table([name for name, _ in RUN_COLUMNS], [[cell(r) for _, cell in RUN_COLUMNS] for r in runs])
 
 
 def comparison(
@@ -312,15 +269,8 @@ def comparison(
                 "",
             ]
             continue
-        cmd = [
-            sys.executable,
-            "-m",
-            "lra_bench.compare",
-            f"attn={a}",
-            f"attn={b}",
-            "--in",
-            _shown(root / protocol / task),
-        ]
+        where = _shown(root / protocol / task)
+        cmd = [sys.executable, "-m", "lra_bench.compare", f"attn={a}", f"attn={b}", "--in", where]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
         lines += [f"`{' '.join(['python', *cmd[1:]])}`:", "", "```", (out.stdout or out.stderr).rstrip(), "```", ""]
         lines += [seeds_needed(have[a], have[b], a, b), ""]
@@ -409,20 +359,6 @@ def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def approximation_rows(runs: list[Run]) -> tuple[list[tuple[Run, dict[str, Any]]], list[Run]]:
-    """The completed on-protocol runs of the current network with an `approx.json` (run, its content), and those
-    without one."""
-    done = [r for r in runs if r.counted and r.completed]
-    have, missing = [], []
-    for r in done:
-        data = read_approx(r.folder)
-        if data is not None and approx_output_error(data) is not None and r.test_acc is not None:
-            have.append((r, data))
-        else:
-            missing.append(r)
-    return have, missing
-
-
 def rank_correlation(points: list[tuple[str, float, float]]) -> str:
     """Spearman's ρ of test accuracy against output error over (attention, accuracy, error) points, read honestly:
     only with runs of `MIN_ATTENTIONS` attentions or more; a verdict only when p < `ALPHA`, and then as an
@@ -437,10 +373,10 @@ def rank_correlation(points: list[tuple[str, float, float]]) -> str:
     from scipy.stats import spearmanr  # slow to import: only when there is a correlation to compute
 
     accs, errors = [p[1] for p in points], [p[2] for p in points]
-    if len(set(accs)) < 2 or len(set(errors)) < 2:
-        return f"Spearman ρ of test accuracy against output error: undefined ({counted}: one of them does not vary)."
-    result = spearmanr(accs, errors)
-    rho, p = float(result.statistic), float(result.pvalue)
+    rho = p = math.nan
+    if len(set(accs)) >= 2 and len(set(errors)) >= 2:
+        result = spearmanr(accs, errors)
+        rho, p = float(result.statistic), float(result.pvalue)
     if not math.isfinite(rho):
         return f"Spearman ρ of test accuracy against output error: undefined ({counted}: one of them does not vary)."
     said = f"Spearman ρ of test accuracy against output error = {rho:+.3f} ({counted}, two-sided p = {p:.3g})"
@@ -468,10 +404,46 @@ def rank_correlation(points: list[tuple[str, float, float]]) -> str:
     return f"{said}. {reading}.{shared}"
 
 
+def _number(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "—"
+    return f"{value:g}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def _budget(r: Run, data: dict[str, Any]) -> str:
+    budget = (data.get("rank") or {}).get("budget_effective_median")
+    return "none (full rank)" if budget is None or r.attn == EXACT else _number(budget)
+
+
+def _probe(data: dict[str, Any]) -> str:
+    probe = data.get("probe") or {}
+    return f"{probe.get('sequences', '?')} × ≤ {probe.get('max_len', '?')} tokens"
+
+
+#: the approximation table: each column's header and its cell of a run and its `approx.json`
+APPROX_COLUMNS: tuple[tuple[str, Callable[[Run, dict[str, Any]], Any]], ...] = (
+    ("run", lambda r, _: r.name),
+    ("attention", lambda r, _: r.attn),
+    ("seed", lambda r, _: r.seed),
+    ("test acc %", lambda r, _: _pct(r.test_acc)),
+    ("output error", lambda r, d: "0 (by definition)" if r.attn == EXACT else f"{approx_output_error(d):.4f}"),
+    ("rank of Â", lambda _, d: _number((d.get("rank") or {}).get("a_hat_numerical_median"))),
+    ("rank budget", _budget),
+    ("probe", lambda _, d: _probe(d)),
+    ("checkpoint step", lambda _, d: (d.get("checkpoint") or {}).get("step", "?")),
+)
+
+
 def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list[str]:
     """Accuracy beside approximation error for every completed on-protocol run of the current network with an
     `approx.json`; the rank correlation across them, read honestly; which completed runs lack the file."""
-    have, missing = approximation_rows(runs)
+    have, missing = [], []
+    for r in (r for r in runs if r.counted and r.completed):
+        data = read_approx(r.folder)
+        if data is not None and approx_output_error(data) is not None and r.test_acc is not None:
+            have.append((r, data))
+        else:
+            missing.append(r)
     lines = [
         "## Approximation quality and accuracy",
         "",
@@ -486,37 +458,9 @@ def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list
         "",
     ]
     if have:
-        body = []
-        for r, data in sorted(have, key=lambda x: (x[0].protocol, x[0].task, x[0].attn, x[0].seed)):
-            rank, probe = data.get("rank") or {}, data.get("probe") or {}
-            error = approx_output_error(data)
-            shown = "0 (by definition)" if r.attn == EXACT else f"{error:.4f}"
-            budget = rank.get("budget_effective_median")
-            body.append(
-                [
-                    f"{r.protocol}/{r.task}/{r.attn}/seed-{r.seed}",
-                    r.attn,
-                    r.seed,
-                    _pct(r.test_acc),
-                    shown,
-                    _number(rank.get("a_hat_numerical_median")),
-                    "none (full rank)" if budget is None or r.attn == EXACT else _number(budget),
-                    f"{probe.get('sequences', '?')} × ≤ {probe.get('max_len', '?')} tokens",
-                    (data.get("checkpoint") or {}).get("step", "?"),
-                ]
-            )
-        header = [
-            "run",
-            "attention",
-            "seed",
-            "test acc %",
-            "output error",
-            "rank of Â",
-            "rank budget",
-            "probe",
-            "checkpoint step",
-        ]
-        lines += [*table(header, body), ""]
+        have.sort(key=lambda x: (x[0].protocol, x[0].task, x[0].attn, x[0].seed))
+        body = [[cell(r, data) for _, cell in APPROX_COLUMNS] for r, data in have]
+        lines += [*table([name for name, _ in APPROX_COLUMNS], body), ""]
         points = [(r.attn, 100 * float(r.test_acc or 0.0), float(approx_output_error(d) or 0.0)) for r, d in have]
         lines += [rank_correlation(points), ""]
     else:
@@ -526,7 +470,7 @@ def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list
             "",
         ]
     if missing:
-        names = ", ".join(f"`{r.protocol}/{r.task}/{r.attn}/seed-{r.seed}`" for r in missing)
+        names = ", ".join(f"`{r.name}`" for r in missing)
         lines += [
             f"Completed runs without `{APPROX_FILE}` (the study failed or was not run; not in the table or the "
             f"correlation): {names}. `python -m lra_bench.reproduce --approx-only --task <t> --attn <a> --seed <s>` "
@@ -541,12 +485,6 @@ def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list
             "",
         ]
     return lines
-
-
-def _number(value: Any) -> str:
-    if not isinstance(value, int | float):
-        return "—"
-    return f"{value:g}" if float(value).is_integer() else f"{value:.1f}"
 
 
 def variant_section(root: Path, runs: list[Run], variant: str, figure: str | None) -> list[str]:
@@ -578,7 +516,7 @@ def variant_section(root: Path, runs: list[Run], variant: str, figure: str | Non
     return lines + comparison(folder, runs)
 
 
-def plot(runs: list[Run], path: Path, title: str = "Every reproduction run (dashed: in progress)") -> None:
+def plot(runs: list[Run], path: Path, title: str = CURVES_TITLE) -> None:
     """Every run's validation curve. The legend sits beside the axes, never over a curve (inside, in any corner, it
     hid the curves that reach there); a column of it per 20 runs keeps it within the figure's height, and the
     figure widens by a column's width, so the axes keep their size."""
@@ -611,10 +549,7 @@ def write_figures(runs: list[Run], folder: Path) -> list[Path]:
         if not any(r.curve for r in section):
             path.unlink(missing_ok=True)
             continue
-        title = "Every reproduction run (dashed: in progress)" + (
-            "" if variant is None else f" — variant {variant}, not counted"
-        )
-        plot(section, path, title)
+        plot(section, path, CURVES_TITLE + ("" if variant is None else f" — variant {variant}, not counted"))
         written.append(path)
     faithful = [r for r in runs if r.variant is None and (r.protocol, r.task) == DEFAULT_TARGET]
     cost = plot_cost(faithful, folder / COST_FIGURE)

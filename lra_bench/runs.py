@@ -22,6 +22,7 @@ import argparse
 import datetime as dt
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,9 +96,8 @@ def started_of(record: dict[str, Any]) -> dt.datetime | None:
     run's record carries the start of the attempt that wrote it; its first segment says when the run began)."""
     run = typed(record).run
     segments = [seg for seg in run.segments or [] if isinstance(seg, dict)]
-    stamps = [run.started_at, *(seg.get("started_at") for seg in segments)]
     times = []
-    for stamp in stamps:
+    for stamp in [run.started_at, *(seg.get("started_at") for seg in segments)]:
         try:
             moment = dt.datetime.fromisoformat(str(stamp))
         except ValueError:  # absent (None) or not a timestamp: nothing to show
@@ -135,17 +135,11 @@ def row_of(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def matches(row: dict[str, Any], args: argparse.Namespace) -> bool:
-    if args.task and row["task"] not in args.task:
+    filters = ((args.task, row["task"]), (args.attn, row["attn"].split("/")[0]), (args.status, row["status"]))
+    if any(allowed and value not in allowed for allowed, value in filters):
         return False
-    if args.attn and row["attn"].split("/")[0] not in args.attn:
-        return False
-    if args.status and row["status"] not in args.status:
-        return False
-    for condition in args.where:
-        key, _, wanted = condition.partition("=")
-        if str(lookup(row["config"], key)) != wanted:
-            return False
-    return True
+    where = (condition.partition("=") for condition in args.where)
+    return all(str(lookup(row["config"], key)) == value for key, _, value in where)
 
 
 def render(rows: Sequence[dict[str, Any]], console: Console) -> None:
@@ -162,17 +156,8 @@ def render(rows: Sequence[dict[str, Any]], console: Console) -> None:
     table.add_column("run dir", no_wrap=True)
     for row in rows:
         style = STATUS_STYLE.get(row["status"], "")
-        table.add_row(
-            f"[{style}]{row['status']}[/]" if style else row["status"],
-            row["task"],
-            row["attn"],
-            row["overrides"] or "—",
-            row["val"],
-            row["test"],
-            row["step"],
-            row["when"],
-            row["path"],
-        )
+        cells = (row[key] or "—" for key in ("task", "attn", "overrides", "val", "test", "step", "when", "path"))
+        table.add_row(f"[{style}]{row['status']}[/]" if style else row["status"], *cells)
     needed = Measurement.get(console, console.options.update_width(100_000), table).minimum
     console.width = max(console.width, needed + 2)  # (+2: the measure leaves out the last column's edge)
     console.print(table)
@@ -250,10 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return remove_listed(shown, rows, args.include_completed, not args.yes, lambda go: render(go, console), console)
     if shown:
         render(shown, console)
-    counts: dict[str, int] = {}
-    for row in shown:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(Counter(r["status"] for r in shown).items()))
     console.print(f"{len(shown)} of {len(rows)} runs" + (f": {summary}" if summary else ""))
     if any(r["status"] == "stopped" for r in shown):
         console.print("stopped: killed while running (no process holds its run dir); the same command resumes it")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,7 @@ def removable(
 
 def kept_line(kept: Sequence[tuple[Row, str]]) -> str:
     """The kept runs counted by why, e.g. `kept: 2 completed (--include-completed removes them)`; empty for none."""
-    counts: dict[str, int] = {}
-    for _, why in kept:
-        counts[why] = counts.get(why, 0) + 1
+    counts = Counter(why for _, why in kept)
     return "kept: " + ", ".join(f"{n} {why}" for why, n in counts.items()) if counts else ""
 
 

@@ -35,7 +35,6 @@ def parser() -> argparse.ArgumentParser:
         dest="search",
         nargs="+",
         type=Path,
-        default=None,
         help=f"dirs a selector searches (default: {', '.join(DEFAULT_SEARCH)} where they exist)",
     )
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap/permutation resamples")
@@ -50,8 +49,8 @@ def parser() -> argparse.ArgumentParser:
         help="dotted config keys (or prefixes) allowed to differ between A and B besides the method and seed",
     )
     p.add_argument("--include-evaluated", action="store_true", help="also compare eval-only (`evaluated`) runs")
-    p.add_argument("--json", type=Path, default=None, help="also write the comparison as JSON here")
-    p.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
+    p.add_argument("--json", type=Path, help="also write the comparison as JSON here")
+    p.add_argument("--out", type=Path, help="also write the markdown report here")
     return p
 
 

@@ -92,13 +92,9 @@ class TaskComparison:
         return float(np.mean([o.acc_b for o in self.result.outcomes]))
 
 
-def _predictions_path(record: dict[str, Any]) -> Path:
-    return Path(record["_path"]).with_name(predictions.FILENAME)
-
-
 def seed_outcome(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any], notes: list[str]) -> SeedOutcome:
     """Per-example outcomes when both runs saved them (labels checked equal), else the records' accuracies."""
-    pa, pb = _predictions_path(rec_a), _predictions_path(rec_b)
+    pa, pb = (Path(rec["_path"]).with_name(predictions.FILENAME) for rec in (rec_a, rec_b))
     if pa.exists() and pb.exists():
         try:
             a, b = predictions.load_predictions(pa), predictions.load_predictions(pb)
@@ -134,25 +130,17 @@ def _outcome_from_records(seed: Any, rec_a: dict[str, Any], rec_b: dict[str, Any
         raise CompareError(f"{err} ({rec_a['_path']} / {rec_b['_path']})") from None
 
 
-def _hardware(record: dict[str, Any]) -> str:
-    return json.dumps(typed(record).env_part("hardware"), sort_keys=True, default=str)
-
-
 def timing(metrics: Metrics) -> Timing:
     """The run's step-time measurement (`timed_steps`, `step_time_iqr_s`: None in older records)."""
     return Timing(metrics.step_time_median_s, metrics.timed_steps, metrics.step_time_iqr_s)
 
 
-def _cpus(records: Sequence[dict[str, Any]]) -> int | None:
-    counts = {typed(r).env_part("hardware").get("cpu_count") for r in records}
-    return counts.pop() if len(counts) == 1 else None
-
-
 def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], level: float = 0.95) -> Efficiency:
-    hardware = {_hardware(r) for r in (*a, *b)}
+    machines = [typed(r).env_part("hardware") for r in (*a, *b)]
+    hardware = {json.dumps(machine, sort_keys=True, default=str) for machine in machines}
+    cpus = {machine.get("cpu_count") for machine in machines}
     comparable = len(hardware) == 1
     note = "" if comparable else f"measured on {len(hardware)} different hardware setups: not comparable"
-
     measured = ("step_time_median_s", "peak_memory_mib")
     sa, sb = over_seeds(runs_table(a), measured), over_seeds(runs_table(b), measured)  # the leaderboard's statistic
     ma, mb = [typed(r).metrics for r in a], [typed(r).metrics for r in b]
@@ -168,7 +156,7 @@ def efficiency(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], level: 
         tuple(m.load_avg_1m for m in mb),
         tuple(m.timed_steps for m in ma),
         tuple(m.timed_steps for m in mb),
-        _cpus([*a, *b]),
+        cpus.pop() if len(cpus) == 1 else None,
     )
 
 
@@ -194,8 +182,7 @@ def compare_task(
 ) -> TaskComparison | None:
     runs_a, runs_b = a.runs[task], b.runs[task]
     seeds = sorted(set(runs_a) & set(runs_b), key=str)
-    only_a = sorted(set(runs_a) - set(runs_b), key=str)
-    only_b = sorted(set(runs_b) - set(runs_a), key=str)
+    only_a, only_b = sorted(set(runs_a) - set(runs_b), key=str), sorted(set(runs_b) - set(runs_a), key=str)
     if not seeds:
         return None
     notes: list[str] = []
@@ -240,11 +227,7 @@ class Comparison:
 
 
 def compare_sides(
-    a: Side,
-    b: Side,
-    level: float = 0.95,
-    n_resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    a: Side, b: Side, level: float = 0.95, n_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
 ) -> Comparison:
     tasks, only_a, only_b = common_tasks(a, b)
     if not tasks:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, NamedTuple
+from typing import Any
 
-from rich.table import Table as RichTable
+from rich.table import Table
 
 from lra_bench.compare.pairing import Comparison, Efficiency, TaskComparison
 from lra_bench.compare.sides import Side
@@ -18,14 +18,8 @@ from lra_bench.stats.paired import MCNEMAR, SIGN_FLIP, T_TEST, WELCH, PairedResu
 from lra_bench.stats.speed import MIN_TIMED_STEPS, TOO_FEW, UNMEASURED, SpeedRatio
 from lra_bench.stats.verdict import METHOD_SEEDS, p_text, significant, verdict
 
-
-class Table(NamedTuple):
-    """The comparison's main table: one row per task (and the average), the columns of `report_parts`."""
-
-    header: list[str]
-    body: list[list[str]]
-
-
+#: the comparison's main table: its header and one row per task (and the average)
+MainTable = tuple[list[str], list[list[str]]]
 SHORT_TEST = {T_TEST: "paired t", MCNEMAR: "McNemar", WELCH: "Welch t", SIGN_FLIP: "sign-flip"}
 #: what the JSON says of each paired seed (`SeedOutcome`'s fields and its McNemar p)
 PER_SEED = ("seed", "acc_a", "acc_b", "n10", "n01", "n", "mcnemar_p")
@@ -156,27 +150,24 @@ def speed_text(speed: SpeedRatio, level: float) -> str:
     return f"{interval}: {faster} is {factor:.2f}× faster"
 
 
-def _loads(values: Sequence[float | None]) -> str:
+def _span(values: Sequence[float | None], fmt: str, every: bool) -> str:
+    """The known values' range (`lo–hi`, one value when equal); "unknown" when none is known, or when any is
+    unknown and `every` is asked for, else the unknown ones counted beside it."""
     known = sorted(v for v in values if v is not None)
-    if not known:
+    if not known or (every and len(known) < len(values)):
         return "unknown"
-    shown = f"{known[0]:.2f}" if known[0] == known[-1] else f"{known[0]:.2f}–{known[-1]:.2f}"
+    shown = fmt.format(known[0]) if known[0] == known[-1] else f"{fmt.format(known[0])}–{fmt.format(known[-1])}"
     return shown + (f" ({len(values) - len(known)} run(s) unknown)" if len(known) < len(values) else "")
-
-
-def _steps(values: Sequence[int | None]) -> str:
-    known = sorted(v for v in values if v is not None)
-    if len(known) < len(values):
-        return "unknown"
-    return str(known[0]) if known[0] == known[-1] else f"{known[0]}–{known[-1]}"
 
 
 def load_text(eff: Efficiency) -> str:
     """The machine load each side was timed under (1-minute load average), and the timed-step counts."""
     cpus = f", {eff.cpus} CPUs" if eff.cpus else ""
+    steps = [_span(side, "{}", every=True) for side in (eff.timed_steps_a, eff.timed_steps_b)]
+    loads = [_span(side, "{:.2f}", every=False) for side in (eff.load_a, eff.load_b)]
     return (
-        f"timed steps per run A {_steps(eff.timed_steps_a)}, B {_steps(eff.timed_steps_b)}; machine load while "
-        f"timing (1-min load average{cpus}) A {_loads(eff.load_a)}, B {_loads(eff.load_b)}"
+        f"timed steps per run A {steps[0]}, B {steps[1]}; machine load while "
+        f"timing (1-min load average{cpus}) A {loads[0]}, B {loads[1]}"
     )
 
 
@@ -227,7 +218,7 @@ def _intro_lines(c: Comparison, names: list[str], level: int) -> list[str]:
     return out
 
 
-def _main_table(c: Comparison, level: int) -> Table:
+def _main_table(c: Comparison, level: int) -> MainTable:
     """One row per task (and the average over tasks): accuracies, Δ with its interval and test, efficiency ratios."""
     rows = [
         _row(
@@ -246,7 +237,7 @@ def _main_table(c: Comparison, level: int) -> Table:
         acc = (sum(t.acc_a for t in c.tasks) / len(c.tasks), sum(t.acc_b for t in c.tasks) / len(c.tasks))
         name = f"average ({len(c.tasks)} tasks)"
         rows.append(_row(name, c.average.n_seeds, acc, c.average, None, c.average_efficiency, "", level))
-    return Table(list(rows[0]), [list(row.values()) for row in rows])
+    return list(rows[0]), [list(row.values()) for row in rows]
 
 
 def _verdict_lines(c: Comparison, names: list[str], alpha: float) -> list[str]:
@@ -268,7 +259,7 @@ def _verdict_lines(c: Comparison, names: list[str], alpha: float) -> list[str]:
     return out
 
 
-def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str], Table, list[str]]:
+def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str], MainTable, list[str]]:
     """The report as (lines before the main table, the main table, lines after it): markdown renders the table as
     a pipe table (`render_markdown`), a terminal as a rich table (`print_report`)."""
     c = comparison
@@ -289,16 +280,16 @@ def report_parts(comparison: Comparison, alpha: float = 0.05) -> tuple[list[str]
 def render_markdown(comparison: Comparison, alpha: float = 0.05) -> str:
     """The report as markdown: the main table as a pipe table between its surrounding lines."""
     before, main, after = report_parts(comparison, alpha)
-    return "\n".join([*before, *table(main.header, main.body), *after]) + "\n"
+    return "\n".join([*before, *table(*main), *after]) + "\n"
 
 
 def print_report(comparison: Comparison, alpha: float = 0.05, console: Any = None) -> None:
     """The report for a terminal: the same text, the main table drawn by rich (markdown's pipes are hard to read)."""
     console = console or table_console(highlight=False)
-    before, main, after = report_parts(comparison, alpha)
+    before, (header, body), after = report_parts(comparison, alpha)
     console.print("\n".join(before).rstrip(), markup=False)
-    drawn = RichTable(*main.header, header_style="bold")
-    for row in main.body:
+    drawn = Table(*header, header_style="bold")
+    for row in body:
         drawn.add_row(*row)
     console.print(drawn)
     console.print("\n".join(after).rstrip(), markup=False)
@@ -341,21 +332,6 @@ def task_verdict(c: Comparison, t: TaskComparison, alpha: float) -> str:
     return verdict(c.a.label, c.b.label, task_label(t.task), t.result, alpha, c.level, t.adjusted)
 
 
-def _speed_json(e: Efficiency) -> dict[str, Any]:
-    return {
-        "step_time_ratio": e.step_time_ratio,
-        "step_time_ratio_ci": list(e.speed.ci) if e.speed.ci else None,
-        "speed_status": e.speed.status,
-        "speed_reason": e.speed.reason,
-        "faster": e.speed.faster(),
-        "timed_steps_a": list(e.timed_steps_a),
-        "timed_steps_b": list(e.timed_steps_b),
-        "load_avg_1m_a": list(e.load_a),
-        "load_avg_1m_b": list(e.load_b),
-        "cpu_count": e.cpus,
-    }
-
-
 def _task_json(c: Comparison, t: TaskComparison, alpha: float) -> dict[str, Any]:
     e = t.efficiency
     return {
@@ -373,7 +349,16 @@ def _task_json(c: Comparison, t: TaskComparison, alpha: float) -> dict[str, Any]
         "efficiency": {
             "step_time_a_s": e.step_time_a_s,
             "step_time_b_s": e.step_time_b_s,
-            **_speed_json(e),
+            "step_time_ratio": e.step_time_ratio,
+            "step_time_ratio_ci": list(e.speed.ci) if e.speed.ci else None,
+            "speed_status": e.speed.status,
+            "speed_reason": e.speed.reason,
+            "faster": e.speed.faster(),
+            "timed_steps_a": list(e.timed_steps_a),
+            "timed_steps_b": list(e.timed_steps_b),
+            "load_avg_1m_a": list(e.load_a),
+            "load_avg_1m_b": list(e.load_b),
+            "cpu_count": e.cpus,
             "peak_memory_a_mib": e.peak_memory_a_mib,
             "peak_memory_b_mib": e.peak_memory_b_mib,
             "memory_ratio": e.memory_ratio,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,11 +85,8 @@ def _field(record: Mapping[str, Any], identity: Mapping[str, Any], key: str) -> 
 
 
 def matches(record: Mapping[str, Any], identity: Mapping[str, Any], conditions: Sequence[tuple[str, str]]) -> bool:
-    for key, want in conditions:
-        found, value = _field(record, identity, key)
-        if not found or _text(value) != want:
-            return False
-    return True
+    fields = [(_field(record, identity, key), want) for key, want in conditions]
+    return all(found and _text(value) == want for (found, value), want in fields)
 
 
 @dataclass
@@ -126,9 +123,7 @@ class Side:
         """The side's conformance on `task`: off when any run is off, unchecked when any is unchecked, else on."""
         classes = {conformance(r) for r in self.records(task)}
         found = next((c for c in ("off", "unchecked", "on") if c in classes), "unchecked")
-        deviations: dict[str, dict[str, Any]] = {}
-        for record in self.records(task):
-            deviations.update(record.get("deviations") or {})
+        deviations = {k: v for record in self.records(task) for k, v in (record.get("deviations") or {}).items()}
         return Protocol(found, dict(sorted(deviations.items())))
 
 
@@ -197,28 +192,20 @@ def collect(name: str, spec: str, search_dirs: Sequence[Path], include_evaluated
         raise CompareError(f"{name}={spec!r}: no such file or directory, and not a selector (key=value[,key=value])")
     records, unreadable = load_records(find_results(roots))
     notes = [f"unreadable: {u['path']} ({u['reason']})" for u in unreadable]
-    picked: list[dict[str, Any]] = []
-    skipped: defaultdict[str, int] = defaultdict(int)
-    for record in records:
-        identity = identity_of(record)
-        if conditions and not matches(record, identity, conditions):
-            continue
-        reason = _usable(record, include_evaluated)
-        if reason:
-            skipped[reason] += 1
-            continue
+    chosen = [
+        (r, _usable(r, include_evaluated)) for r in records if not conditions or matches(r, identity_of(r), conditions)
+    ]
+    skipped = Counter(reason for _, reason in chosen if reason)
+    picked = [r for r, reason in chosen if not reason]
+    for record in picked:
         _check_accuracy(name, record)
-        picked.append(record)
     notes += [f"left out {n} run(s): {reason}" for reason, n in sorted(skipped.items())]
     if not picked:
         where = ", ".join(str(r) for r in roots)
         hint = _values_hint(records, conditions)
         raise CompareError(f"{name}={spec!r} matches no completed run with a test accuracy under {where}{hint}")
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in picked:
-        by_task[record["task"]].append(record)
-    for task, task_records in by_task.items():  # before deduplicating seeds: a rerun must be the same experiment
-        _check_one_experiment(name, spec, task, task_records)
+    for task in dict.fromkeys(r["task"] for r in picked):  # before deduplicating seeds: a rerun is one experiment
+        _check_one_experiment(name, spec, task, [r for r in picked if r["task"] == task])
     return Side(name, spec, _by_task_and_seed(picked, notes), notes)
 
 
@@ -290,10 +277,8 @@ def check_comparable(a: Side, b: Side, tasks: Sequence[str], allow: Sequence[str
         if keys:
             listed = ", ".join(f"{k} ({a.name} {_values(ida, k)}; {b.name} {_values(idb, k)})" for k in keys[:6])
             more = f", +{len(keys) - 6} more" if len(keys) > 6 else ""
-            tuned = {a.name: a.tuning(task) is not None, b.name: b.tuning(task) is not None}
-            why = ""
-            if tuned[a.name] != tuned[b.name]:
-                why = f"{a.name if tuned[a.name] else b.name} is tuned and the other side is not; "
+            tuned = [side.name for side in (a, b) if side.tuning(task) is not None]
+            why = f"{tuned[0]} is tuned and the other side is not; " if len(tuned) == 1 else ""
             problems.append(f"{task}: {why}{listed}{more}")
     if problems:
         raise CompareError(

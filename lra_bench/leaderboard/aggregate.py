@@ -49,13 +49,9 @@ def canonical_task(name: Any) -> str:
 
 def find_results(dirs: Iterable[str | Path]) -> list[Path]:
     """Every `results.json` below the given dirs (recursively), each once, in a stable order."""
-    seen: dict[Path, None] = {}
-    for root in dirs:
-        root = Path(root)
-        candidates = [root] if root.is_file() else sorted(root.rglob(results.FILENAME))
-        for path in candidates:
-            seen.setdefault(path.resolve(), None)
-    return list(seen)
+    roots = [Path(root) for root in dirs]
+    paths = [path for root in roots for path in ([root] if root.is_file() else sorted(root.rglob(results.FILENAME)))]
+    return list(dict.fromkeys(path.resolve() for path in paths))
 
 
 def load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
@@ -103,39 +99,33 @@ def is_evaluation(record: dict[str, Any]) -> bool:
 
 def evaluations_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Evaluation records, for their own list (never a row, never a failure of a training run)."""
-    out = []
-    for rec in records:
-        if not is_evaluation(rec):
-            continue
-        evaluation = rec.get("evaluation") or {}
-        out.append(
-            {
-                **_listed(rec),
-                "checkpoint": evaluation.get("checkpoint"),
-                "checkpoint_step": evaluation.get("checkpoint_step"),
-                "test_acc": as_percent(typed(rec).metrics.test_acc),
-                "reason": rec.get("error") or "",
-            }
-        )
+    out = [
+        {
+            **_listed(rec),
+            "checkpoint": (rec.get("evaluation") or {}).get("checkpoint"),
+            "checkpoint_step": (rec.get("evaluation") or {}).get("checkpoint_step"),
+            "test_acc": as_percent(typed(rec).metrics.test_acc),
+            "reason": rec.get("error") or "",
+        }
+        for rec in records
+        if is_evaluation(rec)
+    ]
     return sorted(out, key=lambda r: r["output_dir"])
 
 
 def failures_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Training runs whose status is not `completed`, with where they ran and why they stopped."""
-    out = []
-    for rec in records:
-        if rec.get("status") == "completed" or is_evaluation(rec):
-            continue
-        reason = rec.get("error") or f"unfinished (status={rec.get('status')}, no error recorded)"
-        out.append(
-            {
-                **_listed(rec),
-                "reason": str(reason),
-                "seed": rec.get("seed"),
-                "conformance": experiments.conformance(rec),
-                "variant": "",
-            }
-        )
+    out = [
+        {
+            **_listed(rec),
+            "reason": str(rec.get("error") or f"unfinished (status={rec.get('status')}, no error recorded)"),
+            "seed": rec.get("seed"),
+            "conformance": experiments.conformance(rec),
+            "variant": "",
+        }
+        for rec in records
+        if rec.get("status") != "completed" and not is_evaluation(rec)
+    ]
     return sorted(out, key=lambda r: (str(r["protocol"]), task_order(r["task"]), str(r["attn"]), r["output_dir"]))
 
 
@@ -204,13 +194,9 @@ def _reach(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     return {key: median_of(s.get(key) for s in summaries) for key in REACH_KEYS}
 
 
-def _devices(runs: Sequence[dict[str, Any]]) -> str:
-    names = set()
-    for rec in runs:
-        hw = typed(rec).env_part("hardware")
-        gpus = hw.get("gpus") or []
-        names.add(gpus[0] if gpus else (f"cpu: {hw['cpu']}" if hw.get("cpu") else "unknown"))
-    return "; ".join(sorted(names))
+def _device(record: dict[str, Any]) -> str:
+    hw = typed(record).env_part("hardware")
+    return (hw.get("gpus") or [None])[0] or (f"cpu: {hw['cpu']}" if hw.get("cpu") else "unknown")
 
 
 def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -247,7 +233,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "tokens_per_s": summary["tokens_per_s"],
                 "peak_memory_mib": summary["peak_memory_mib"],
                 "params": None if params is None else int(params),
-                "device": _devices(kept),
+                "device": "; ".join(sorted({_device(r) for r in kept})),
                 "seq_len": seq_lens.pop() if len(seq_lens) == 1 else None,
                 **_reach(kept),
             }
@@ -261,18 +247,14 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
 def method_label(
     attn: Any, selector: Any, rank_budget: Any, variant: str = "", pretraining: Any = "none", window: Any = None
 ) -> str:
-    label = str(attn)
-    if selector:
-        label += f" / {selector}"
-    if rank_budget is not None:
-        label += f" (m={rank_budget})"
-    if window is not None:
-        label += f" (w={window})"
-    if pretraining not in (None, "none"):
-        label += f" + SPT({pretraining})"
-    if variant:
-        label += f" [{variant}]"
-    return label
+    parts = (
+        (selector, f" / {selector}"),
+        (rank_budget is not None, f" (m={rank_budget})"),
+        (window is not None, f" (w={window})"),
+        (pretraining not in (None, "none"), f" + SPT({pretraining})"),
+        (variant, f" [{variant}]"),
+    )
+    return str(attn) + "".join(text for shown, text in parts if shown)
 
 
 def row_label(row: Mapping[str, Any]) -> str:
@@ -330,8 +312,7 @@ def wide_rows(rows: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]
 
     def entry_of(key: tuple[Any, ...]) -> dict[str, Any]:
         return methods.setdefault(
-            key,
-            {"cells": {}, "std": {}, "n": {}, "accs": {}, "fingerprints": {}, "failed": set(), "deviations": set()},
+            key, {"cells": {}, "std": {}, "n": {}, "accs": {}, "fingerprints": {}, "failed": set(), "deviations": set()}
         )
 
     for row in rows:

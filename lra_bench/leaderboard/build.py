@@ -113,12 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="?",
         const="auto",
         choices=("auto", *wandb_log.MODES),
-        default=None,
         help="also log the tables and charts to a W&B run (job_type leaderboard, the sweep's group): offline unless "
         "`online` is given or WANDB_MODE=online",
     )
-    parser.add_argument("--wandb-group", default=None, help="W&B group (default: the sweep runs' logger.wandb.group)")
-    parser.add_argument("--wandb-project", default=None, help="W&B project (default: the sweep runs' project)")
+    parser.add_argument("--wandb-group", help="W&B group (default: the sweep runs' logger.wandb.group)")
+    parser.add_argument("--wandb-project", help="W&B project (default: the sweep runs' project)")
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
@@ -138,10 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['n_files']} results.json: {len(result['rows'])} groups, {len(result['failures'])} failed or "
         f"unfinished, {len(result['unreadable'])} unreadable"
     )
-    for name in ("markdown", "csv", "wide_csv", "reproduced_csv"):
-        print(f"  {result[name]}")
-    for plot in result["plots"]:
-        print(f"  {plot}")
+    for path in (*(result[name] for name in ("markdown", "csv", "wide_csv", "reproduced_csv")), *result["plots"]):
+        print(f"  {path}")
     if wandb_dir is not None:
         print(f"  W&B: {wandb_dir}")
     return 1 if wandb_failed else 0

@@ -136,9 +136,10 @@ def task_charts(rows: Sequence[dict[str, Any]], notes: list[str]) -> list[Chart]
             continue
         ci = (row["test_acc_ci_low"], row["test_acc_ci_high"]) if row.get("test_acc_ci_low") is not None else None
         chart = charts.setdefault(key, Chart(key[0], key[1], [], "peak memory (MiB)"))
-        point = Point(_label(row), key[0], rel[0], row["test_acc_mean"], row["peak_memory_mib"], ci)
-        point.comparable = row.get("conformance") == "on"
-        chart.points.append(point)
+        on = row.get("conformance") == "on"
+        chart.points.append(
+            Point(_label(row), key[0], rel[0], row["test_acc_mean"], row["peak_memory_mib"], ci, comparable=on)
+        )
     return [charts[k] for k in sorted(charts, key=lambda k: (k[0], TASKS.index(k[1]) if k[1] in TASKS else 99))]
 
 

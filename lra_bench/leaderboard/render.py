@@ -166,15 +166,20 @@ GROUP_TABLE: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
 )
 
 
+def _summary_cells(row: dict[str, Any], tag_variant: bool = False) -> list[str]:
+    """A summary table's method, source and score cells (markdown and terminal alike); `tag_variant` adds an
+    experiment's variant tag to its method (the terminal's; leaderboard.md spells variants out in its legend)."""
+    ours = row["kind"] in ("ours", locality.KIND)
+    method = _method_cell(row)
+    if tag_variant and ours and row.get("variant"):
+        method += f" {experiments.short_variant(row['variant'])}"
+    return [method, "ours" if ours else f"published: {row['source']}", *_wide_cells(row)]
+
+
 def _wide_table(rows: Sequence[dict[str, Any]], deviations: bool = False) -> list[str]:
-    header = ["method", "source", *SCORE_HEADER]
-    header += ["changed from the protocol"] if deviations else []
-    body = []
-    for row in rows:
-        source = "ours" if row["kind"] in ("ours", locality.KIND) else f"published: {row['source']}"
-        cells = [_method_cell(row), source, *_wide_cells(row)]
-        body.append(cells + ([str(row.get("deviations") or "—").replace(",", ", ")] if deviations else []))
-    return table(header, body, escape=True)
+    header = ["method", "source", *SCORE_HEADER, *(["changed from the protocol"] if deviations else [])]
+    changed = [[str(row.get("deviations") or "—").replace(",", ", ")] if deviations else [] for row in rows]
+    return table(header, [_summary_cells(row) + more for row, more in zip(rows, changed)], escape=True)
 
 
 def _intro_lines(dirs: Sequence[str], n_files: int) -> list[str]:
@@ -253,13 +258,10 @@ def _published_lines(
     return out
 
 
-def _bookkeeping_lines(
-    failures: Sequence[dict[str, Any]],
-    unreadable: Sequence[dict[str, str]],
-    superseded: Sequence[dict[str, Any]],
-    evaluations: Sequence[dict[str, Any]],
-) -> list[str]:
+def _bookkeeping_lines(board: dict[str, Any]) -> list[str]:
     """What is in no table above: failed or unfinished runs, unreadable records, superseded runs, evaluations."""
+    failures, unreadable = board["failures"], board["unreadable"]
+    superseded, evaluations = board["superseded"], board["evaluations"]
     out = [f"## Failed or unfinished runs ({len(failures)})", ""]
     if failures:
         body = [
@@ -307,7 +309,7 @@ def render_markdown(board: dict[str, Any], plots: Sequence[Path], sections: Sequ
     header = [name for name, _ in GROUP_TABLE]
     body = [[cell(r) for _, cell in GROUP_TABLE] for r in rows]
     out += [*(table(header, body, escape=True) if body else ["(no completed runs)"]), *variant_legend(rows), ""]
-    out += _bookkeeping_lines(board["failures"], board["unreadable"], board["superseded"], board["evaluations"])
+    out += _bookkeeping_lines(board)
     if plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(out) + "\n"
@@ -461,21 +463,14 @@ def variant_legend(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _rich_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
-    cells = {id(row): _wide_cells(row) for row in rows}
-    columns = [*SCORE_HEADER]
-    kept = [i for i in range(len(columns)) if any(cells[id(row)][i] != "—" for row in rows)]
+    """The summary for a terminal: score columns no row has a number in are left out."""
+    header, lines = ["method", "source", *SCORE_HEADER], [_summary_cells(row, tag_variant=True) for row in rows]
+    kept = [i for i in range(len(header)) if i < 2 or any(line[i] != "—" for line in lines)]
     table = Table(title=title, title_justify="left", title_style="bold", header_style="bold")
-    table.add_column("method")
-    table.add_column("source")
     for i in kept:
-        table.add_column(columns[i], justify="right")
-    for row in rows:
-        ours = row["kind"] == "ours"
-        method = _method_cell(row)
-        if ours and row.get("variant"):  # what sets it apart; a long list as its tag (leaderboard.md spells it out)
-            method += f" {experiments.short_variant(row['variant'])}"
-        source = "ours" if ours else f"published: {row['source']}"
-        table.add_row(method, source, *(cells[id(row)][i] for i in kept), style=None if ours else "dim")
+        table.add_column(header[i], justify="left" if i < 2 else "right")
+    for row, line in zip(rows, lines):
+        table.add_row(*(line[i] for i in kept), style=None if row["kind"] == "ours" else "dim")
     return table
 
 

@@ -56,6 +56,15 @@ def reproduction_interval(accuracies: Sequence[float], level: float = LEVEL) -> 
     return t_interval(statistics.fmean(values), statistics.stdev(values), len(values), level)
 
 
+def mean_and_interval(accuracies: Sequence[float]) -> str:
+    """`mean [low, high]` of per-seed accuracies (two decimals, no interval for one seed) as the pages print it; "—"
+    without a seed."""
+    if not accuracies:
+        return "—"
+    interval = reproduction_interval(accuracies)
+    return f"{statistics.fmean(accuracies):.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
 def verdict_from_interval(published: float, interval: tuple[float, float] | None, n: int, level: float = LEVEL) -> str:
     """The verdict for a published value against our interval over `n` seeds (same unit as the interval)."""
     if n < 1:

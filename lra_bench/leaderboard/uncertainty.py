@@ -27,12 +27,7 @@ ERROR_BARS = f"error bars: {LEVEL:.0%} CI over seeds (Student-t; none for one se
 GROUP_COLUMNS = ("test_acc_ci_low", "test_acc_ci_high", "rank")
 WIDE_COLUMNS = (
     *(f"{t}_{c}" for t in TASKS for c in ("ci_low", "ci_high", "rank")),
-    "avg5_ci_low",
-    "avg5_ci_high",
-    "rank_avg5",
-    "avg6_ci_low",
-    "avg6_ci_high",
-    "rank_avg6",
+    *(key for avg in ("avg5", "avg6") for key in (f"{avg}_ci_low", f"{avg}_ci_high", f"rank_{avg}")),
 )
 
 
@@ -90,7 +85,5 @@ def add_uncertainty(rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any
             _set_interval(row, task, t_interval(row.get(task), row.get(f"{task}_std"), row.get(f"{task}_n"), LEVEL))
         _set_interval(row, "avg5", _average(row, FIVE_TASKS, False) if row.get("avg5") is not None else None)
         _set_interval(row, "avg6", _average(row, TASKS, True) if row.get("avg6") is not None else None)
-    for task in TASKS:
-        _rank(ours, task, f"{task}_rank", by=("protocol",))
-    _rank(ours, "avg5", "rank_avg5", by=("protocol",))
-    _rank(ours, "avg6", "rank_avg6", by=("protocol",))
+    for prefix, out_key in (*((t, f"{t}_rank") for t in TASKS), ("avg5", "rank_avg5"), ("avg6", "rank_avg6")):
+        _rank(ours, prefix, out_key, by=("protocol",))
