@@ -42,6 +42,8 @@ def read_wandb_log(path: Path) -> list[Any]:
         if kind == 0 and length == 0:
             pos += left - 7
             continue
+        if pos + length > len(data):  # the service is still writing this record
+            break
         chunk, pos = data[pos : pos + length], pos + length
         if kind in (1, 2):  # FULL, FIRST
             chunks = chunk
@@ -56,10 +58,18 @@ def read_wandb_log(path: Path) -> list[Any]:
 
 def read_finished_log(path: Path, patience_s: float = 60.0) -> list[Any]:
     """`read_wandb_log` once the run's exit record is there: in-process, `run.finish()` can return a moment
-    before W&B's service process has flushed the log (a subprocess's exit waits for it)."""
+    before W&B's service process has flushed the log (a subprocess's exit waits for it), so a read can also meet a
+    record whose bytes are only partly on disk."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + patience_s
     while True:
-        records = read_wandb_log(path)
+        try:
+            records = read_wandb_log(path)
+        except DecodeError:
+            if time.monotonic() > deadline:
+                raise
+            records = []
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
             return records
         time.sleep(0.2)
