@@ -21,7 +21,7 @@ from tests.oracle import oracle
 def test_ddp_script_launcher_is_refused_inside_a_local_multirun() -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from lra_bench.run.entry import check_launch
+    from lra_bench.config.spec import check_launch
 
     cfg = compose(["trainer=ddp_cpu", "hydra.mode=MULTIRUN"], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)

@@ -16,6 +16,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 
+from lra_bench.config.stages import resolve_stage
 from lra_bench.config.validate import validate
 from lra_bench.errors import ConfigError
 from lra_bench.record.checkpoint_file import load_checkpoint
@@ -92,7 +93,7 @@ def test_mlm_loss_decreases_below_the_unigram_floor_on_a_tiny_dataset(tmp_path: 
     torch.manual_seed(0)
     cfg = tiny_cfg(tmp_path, "attn=full", "stage=pretrain", "task.gen_num_train=400", "spt.holdout_fraction=0.2")
     validate(cfg)
-    stage.resolve_stage(cfg)
+    resolve_stage(cfg)
     dm = build_datamodule(cfg)
     dm.setup()
     module = stage.build_pretrain_module(cfg, dm, build_model(cfg, dm), {})
@@ -131,7 +132,7 @@ def test_pretraining_data_serves_train_inputs_only(tmp_path: Path) -> None:
     each exactly once per pass, and the test loader refuses."""
     cfg = tiny_cfg(tmp_path, "attn=full", "stage=pretrain")
     validate(cfg)
-    stage.resolve_stage(cfg)
+    resolve_stage(cfg)
     dm = build_datamodule(cfg)
     dm.task.setup()
     sentinel = 99
@@ -164,7 +165,7 @@ def test_pretraining_data_serves_train_inputs_only(tmp_path: Path) -> None:
 def _finetune_module(tmp: Path, pretrained: Path, *overrides: str) -> tuple[pl.LightningModule, DictConfig]:
     cfg = tiny_cfg(tmp, "attn=full", f"pretrained='{pretrained}'", *overrides)
     validate(cfg)
-    source = stage.resolve_stage(cfg)
+    source = resolve_stage(cfg)
     dm = build_datamodule(cfg)
     dm.setup()
     pl.seed_everything(0)
@@ -183,7 +184,7 @@ def test_finetune_loads_exactly_the_pretrained_encoder_and_a_fresh_head(pretrain
     # the head is the fresh one a scratch build with the same seed gets, and nothing of the LM head
     scratch_cfg = tiny_cfg(tmp_path, "attn=full")
     validate(scratch_cfg)
-    stage.resolve_stage(scratch_cfg)
+    resolve_stage(scratch_cfg)
     dm = build_datamodule(scratch_cfg)
     dm.setup()
     scratch_cfg.pretraining = "mlm"  # same shapes as the fine-tune (one more embedding row), nothing loaded
@@ -200,7 +201,7 @@ def test_a_checkpoint_file_of_the_run_can_be_named_instead(pretrained_run: Path,
     module, cfg = _finetune_module(tmp_path, best)
     state = load_checkpoint(best)["state_dict"]
     assert torch.equal(module.model.encoder.token_emb.weight, state["model.encoder.token_emb.weight"])
-    source = stage.resolve_stage(cfg)
+    source = resolve_stage(cfg)
     assert source.checkpoint == best and source.run_dir == pretrained_run
 
 
@@ -210,7 +211,7 @@ def test_gpa_codebook_is_loaded_with_the_encoder(tmp_path: Path) -> None:
     assert run_stage(cfg, out)["status"] == "completed"
     cfg = tiny_cfg(tmp_path, "attn=gpa", f"pretrained='{out}'", "selector.refresh_every=2")
     validate(cfg)
-    source = stage.resolve_stage(cfg)
+    source = resolve_stage(cfg)
     dm = build_datamodule(cfg)
     dm.setup()
     module = build_module(cfg, dm, source)
@@ -236,7 +237,7 @@ def test_a_mismatched_finetune_is_one_line(
     cfg = tiny_cfg(tmp_path, "attn=full", f"pretrained='{pretrained_run}'", *overrides)
     validate(cfg)
     with pytest.raises(ConfigError) as err:
-        stage.resolve_stage(cfg)
+        resolve_stage(cfg)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -257,12 +258,12 @@ def test_only_a_completed_pretraining_run_is_accepted(pretrained_run: Path, tmp_
         (copy / "results.json").write_text(json.dumps({**record, "status": status}))
         cfg = tiny_cfg(tmp_path, "attn=full", f"pretrained='{copy}'")
         with pytest.raises(ConfigError, match=message):
-            stage.resolve_stage(cfg)
+            resolve_stage(cfg)
     (copy / "results.json").write_text(json.dumps({**record, "stage": "supervised"}))
     with pytest.raises(ConfigError, match="stage=supervised, not stage=pretrain"):
-        stage.resolve_stage(tiny_cfg(tmp_path, "attn=full", f"pretrained='{copy}'"))
+        resolve_stage(tiny_cfg(tmp_path, "attn=full", f"pretrained='{copy}'"))
     with pytest.raises(ConfigError, match="no such run dir or .ckpt"):
-        stage.resolve_stage(tiny_cfg(tmp_path, "attn=full", f"pretrained='{tmp_path / 'nowhere'}'"))
+        resolve_stage(tiny_cfg(tmp_path, "attn=full", f"pretrained='{tmp_path / 'nowhere'}'"))
 
 
 # -- causal -------------------------------------------------------------------------------------------------------

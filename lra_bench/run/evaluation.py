@@ -20,6 +20,7 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from lra_bench.config.spec import RunSpec, settle
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
 from lra_bench.record.builder import new_record
@@ -69,13 +70,13 @@ def evaluate_into(cfg: DictConfig, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "run.log" if getattr(rank_zero_only, "rank", 0) == 0 else None
     with tee_output(log), quiet_terminal():
-        evaluate(cfg, out)
+        evaluate(settle(cfg, out))
 
 
-def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Test the checkpoint `cfg.ckpt_path` with the model `cfg` describes; write and return the `evaluated` record.
-    Called by `lra_bench.run.entry.run_stage` (config validated, run dir locked)."""
-    output_dir = Path(output_dir)
+def evaluate(spec: RunSpec) -> dict[str, Any]:
+    """Test the checkpoint `ckpt_path` with the model the config describes; write and return the `evaluated`
+    record. Called by `lra_bench.run.entry.run_stage` (run dir locked) and `evaluate_into`."""
+    cfg, output_dir = spec.config, spec.output_dir
     is_zero = getattr(rank_zero_only, "rank", 0) == 0
     ckpt = checkpoint_to_test(cfg, output_dir)
     existing = rundir.read_existing_record(output_dir)
@@ -96,7 +97,7 @@ def evaluate(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         prepare_data(dm, output_dir, is_zero)
         record.data.update({**dm.data_info(), "majority_share": majority_share(dm) if is_zero else None})
         module = build_module(cfg, dm)
-        found = identify(record, dm)
+        found = identify(record, dm, spec.protocol)
         record.set_identity(found)
         record.evaluation = checkpoint_facts(ckpt, found.identity, module)
         if existing is not None and _same_evaluation(existing, record) and not cfg.get("retest"):

@@ -14,10 +14,10 @@ record — with three differences, all decided in this module:
   held-out slice of the training split. Its curve is checkpointed, so a resumed run reports it whole.
 
 The stage keys are checked and `pretraining` (none | mlm | causal, which keeps self-pretrained rows apart from scratch
-rows in every comparison) derived below the run, in `lra_bench.config.stages`.
+rows in every comparison) derived below the run, in `lra_bench.config.stages`, which also plans `stage=spt`.
 
 `stage=spt` (`python run.py experiment=spt/<task>`) is two ordinary stages, each with its own dir, lock, checkpoints
-and record (`lra_bench.run.entry.run_stage` runs the plan `stages` returns):
+and record (`lra_bench.run.entry.run_stage` runs the plan `lra_bench.config.stages.plan` returns):
 
     <run dir>/pretrain/   stage=pretrain on the task's training inputs      (this config ⊕ `spt.pretrain`)
     <run dir>/finetune/   stage=supervised, pretrained=<run dir>/pretrain   (this config)
@@ -38,26 +38,19 @@ anything is built (`lra_bench.config.pretrained_run`).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from torchmetrics import MeanMetric
 
 from lra_bench.config.pretrained_run import PretrainedSource
-from lra_bench.config.stages import check_pretrain_keys, resolve_stage
-from lra_bench.config.validate import validate_once
 from lra_bench.errors import ConfigError
 from lra_bench.kit.plain import plain_dict
-from lra_bench.record import results
 from lra_bench.record.checkpoint_file import load_checkpoint
-from lra_bench.record.identity import config_identity, differing_keys, fingerprint
-from lra_bench.record.reader import read
 from lra_bench.run.module import adamw_with_schedule
 from models.attention.base import Attention
 from models.heads import LanguageModel, TaskNetwork
@@ -230,77 +223,3 @@ def final_section(info: dict[str, Any], best_val_acc: float | None, module: Pret
     leaves `metrics.val_acc`/`test_acc` null (no table can mistake a masked-token accuracy for a task score)."""
     final = module.curve[-1] if module.curve else None  # the state `pretrained=<run dir>` loads
     return {**info, "curve": list(module.curve), "best_val_acc": best_val_acc, "final": final}
-
-
-PRETRAIN_DIR, FINETUNE_DIR = "pretrain", "finetune"
-
-
-def drop_nulls(node: Any) -> Any:
-    """A fragment without its null leaves (null = keep this run's value) or the mappings left empty by that."""
-    if not isinstance(node, dict):
-        return node
-    out = {k: drop_nulls(v) for k, v in node.items() if v is not None}
-    return {k: v for k, v in out.items() if v != {}}
-
-
-def stage_config(cfg: DictConfig, fragment: Any, **fixed: Any) -> DictConfig:
-    """`cfg` with `fragment` (its non-null values) merged over it and the `fixed` top-level keys set."""
-    values = drop_nulls(OmegaConf.to_container(fragment, resolve=True) if fragment is not None else {})
-    out = OmegaConf.merge(cfg, values)
-    assert isinstance(out, DictConfig)
-    with open_dict(out):
-        for key, value in fixed.items():
-            out[key] = value
-    return out
-
-
-def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    return config_identity(json.loads(json.dumps(config, default=str)))  # as the record stores it (JSON)
-
-
-def completed(path: Path, cfg: DictConfig) -> bool:
-    """Whether `path` holds a completed run of exactly `cfg` (validated and resolved as `train` would record it);
-    a completed run of another configuration is a ConfigError naming the keys that differ."""
-    file = path / results.FILENAME
-    if not file.exists():
-        return False
-    try:
-        record = read(file)
-    except (OSError, ValueError):
-        return False
-    if record.status != "completed":
-        return False
-    validate_once(cfg)
-    resolve_stage(cfg)
-    wanted, found = _identity(plain_dict(cfg)), _identity(record.config)
-    if fingerprint(found) == fingerprint(wanted):
-        return True
-    keys = differing_keys([found, wanted])
-    raise ConfigError(
-        f"{path} holds a completed pretraining run of another configuration (differs in: {', '.join(keys[:8])}); "
-        "remove that dir or set run_name= for a new one"
-    )
-
-
-def stages(cfg: DictConfig, output_dir: Path) -> list[tuple[DictConfig, Path]]:
-    """The stages still to run, in order, as (config, dir): the pretraining stage unless already completed, then the
-    fine-tune from it. A plan, not a runner: the entry runs each stage, so this module needs nothing of it."""
-    validate_once(cfg)  # fail before either stage starts (a typo, objective=causal with attn=nystrom, …)
-    check_pretrain_keys(cfg)
-    if cfg.get("pretrained"):
-        raise ConfigError(
-            f"pretrained={cfg.pretrained}: stage=spt pretrains its own encoder (in <run dir>/{PRETRAIN_DIR}); drop "
-            "pretrained=, or fine-tune an existing pretraining run with stage=supervised pretrained=<its run dir>"
-        )
-    # The job dir holds no record of its own (its stages do): a results.json there is the launcher's failure note
-    # for an earlier attempt (LeaderboardCallback.on_job_end) and would list this job as failed once it succeeds.
-    (Path(output_dir) / results.FILENAME).unlink(missing_ok=True)
-    pre_dir, fine_dir = Path(output_dir) / PRETRAIN_DIR, Path(output_dir) / FINETUNE_DIR
-    pre_cfg = stage_config(cfg, cfg.spt.get("pretrain"), stage="pretrain", pretrained=None, pretraining=None)
-    plan = []
-    if completed(pre_dir, pre_cfg):
-        print(f"[lra-bench] spt: pretraining stage already completed in {pre_dir}; fine-tuning from it")
-    else:
-        plan.append((pre_cfg, pre_dir))
-    fine_cfg = stage_config(cfg, None, stage="supervised", pretrained=str(pre_dir), pretraining=None)
-    return [*plan, (fine_cfg, fine_dir)]

@@ -31,7 +31,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint, ModelSummary
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench.config import conformance
-from lra_bench.config.pretrained_run import PretrainedSource
+from lra_bench.config.spec import RunSpec
 from lra_bench.diagnostics.callback import DiagnosticsCallback
 from lra_bench.errors import ConfigError
 from lra_bench.kit.say import say
@@ -203,11 +203,11 @@ class Watched:
     test_outputs: TestOutputs
 
 
-def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = None) -> dict[str, Any]:
-    """Run and return the result record (also written to `<output_dir>/results.json`). `source`: the pretraining
-    run a fine-tune starts from (`conformance.derive_run_keys`, which the entry calls)."""
+def train(spec: RunSpec) -> dict[str, Any]:
+    """Run and return the result record (also written to `<output_dir>/results.json`)."""
+    cfg, output_dir = spec.config, spec.output_dir
     is_zero = getattr(rank_zero_only, "rank", 0) == 0
-    recorder = Recorder(stage_record(cfg, output_dir, source), output_dir, is_zero)
+    recorder = Recorder(stage_record(spec), output_dir, is_zero)
     recorder.write()
     if is_zero:
         print_config(cfg, save_to=output_dir / "config_tree.log", terminal=bool(cfg.print_config))
@@ -217,10 +217,9 @@ def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = N
     start: Start | None = None
     try:
         pl.seed_everything(int(cfg.seed), workers=True)
-        checked = protocol_check(recorder.record)
         if is_zero:  # what this run is, before its data is prepared (minutes, for a protocol's data)
-            print(opening_line({**recorder.as_dict(), **checked}, chosen_preset()), flush=True)
-        dm, module, start = prepare(cfg, output_dir, recorder, source, checked)
+            print(opening_line({**recorder.as_dict(), **spec.protocol}, chosen_preset()), flush=True)
+        dm, module, start = prepare(spec, recorder)
         if start.finished is not None:
             if is_zero:
                 print_summary(start.finished)
@@ -260,19 +259,18 @@ def train(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None = N
     return recorder.as_dict()
 
 
-def stage_record(cfg: DictConfig, output_dir: Path, source: PretrainedSource | None) -> RunRecord:
+def stage_record(spec: RunSpec) -> RunRecord:
     """The run's record at start: `new_record` plus the stage it is and the pretraining it starts from."""
-    record = new_record(cfg, output_dir)
+    cfg = spec.config
+    record = new_record(cfg, spec.output_dir)
     record.stage, record.pretraining = str(cfg.stage), str(cfg.pretraining)
-    record.pretrained = source.describe() if source else None
+    record.pretrained = spec.source.describe() if spec.source else None
     return record
 
 
-def prepare(
-    cfg: DictConfig, output_dir: Path, recorder: Recorder, source: PretrainedSource | None, checked: dict[str, Any]
-) -> tuple[Any, pl.LightningModule, Start]:
-    """The data (rank 0 prepares it first), the module, and the start checks; the record takes what they find
-    (`checked`: the run's `protocol_check`)."""
+def prepare(spec: RunSpec, recorder: Recorder) -> tuple[Any, pl.LightningModule, Start]:
+    """The data (rank 0 prepares it first), the module, and the start checks; the record takes what they find."""
+    cfg, output_dir, source = spec.config, spec.output_dir, spec.source
     record, pretraining_stage = recorder.record, cfg.stage == "pretrain"
     dm = build_datamodule(cfg)
     prepare_data(dm, output_dir, recorder.is_zero)
@@ -282,7 +280,7 @@ def prepare(
         record.pretrain = pretrain.stage_info(cfg, dm)
     module = build_module(cfg, dm, source, record.pretrain)
     check_schedule(cfg, dm)
-    found = identify(record, dm, checked)
+    found = identify(record, dm, spec.protocol)
     record.set_identity(found)
     return dm, module, start_run(cfg, output_dir, record, found, recorder.is_zero)
 
