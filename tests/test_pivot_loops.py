@@ -2,8 +2,8 @@
 previous formulas, kept here as the oracles, in fp64: the length-grouped loops that drop trailing padding and
 the subnormal-free log must pick exactly the same pivots, so the attentions built on them give the same values
 and gradients (issue 31, item 3). Likewise the residual-pivoted attention's row log-sum-exp, now summed per group of
-sequences over the keys up to the group's last real one, and WildCat's key-side sums X·[V | 1], against the previous
-full-width sums: equal at rounding."""
+sequences over the keys up to the group's last real one, and WildCat's key-side sums X·[V | 1] (now per sequence over
+its own keys), against the previous full-width sums: equal at rounding."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import models.landmarks.rpcholesky as rpcholesky_module
 from lra_bench.registry import build_attention, build_selector
 from models.attention.pivoted import BlockwiseLSE, PivotedAttention
 from models.attention.wildcat import WildcatAttention
+from models.attention.wildcat_sums import Links
 from models.kernels import flash_attention
 from models.landmarks.base import length_groups
 from models.landmarks.pivoted_qr import greedy_pivots
@@ -170,10 +171,23 @@ def test_greedy_pivots_match_previous_formula(tol: float) -> None:
     assert want[1].any() and not want[1].all()
 
 
+#: the attentions' knobs that route their pivots through the eager loop the oracles replace (WildCat's compiled
+#: pivot loop is tested against that loop in tests/test_wildcat_operator.py)
+EAGER_PIVOTS = {"wildcat": {"kernel": "eager"}, "pivoted": {}}
+
+
 def run_attention(name: str, selector: str, seed: int) -> tuple[torch.Tensor, ...]:
     """fp64 output of `name` on ragged inputs and the gradients of a fixed loss w.r.t. q, k, v."""
     torch.manual_seed(seed)
-    attn = build_attention(name, head_dim=D, num_heads=H, seq_len=N, num_landmarks=M, selector=build_selector(selector))
+    attn = build_attention(
+        name,
+        head_dim=D,
+        num_heads=H,
+        seq_len=N,
+        num_landmarks=M,
+        selector=build_selector(selector),
+        **EAGER_PIVOTS[name],
+    )
     attn.train()
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -250,10 +264,13 @@ def test_row_lse_matches_previous_full_width_sum(
 
 
 def oracle_key_sums(
-    z_s: torch.Tensor, z: torch.Tensor, hsq_s: torch.Tensor, link: torch.Tensor, rhs: torch.Tensor, real: torch.Tensor
+    zs: torch.Tensor, keys: torch.Tensor, hsq_s: torch.Tensor, v: torch.Tensor, links: Links
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The previous lines of `WildcatAttention._operator`, verbatim: logits, shift and X·rhs over all N keys."""
-    logits_sk = (z_s @ z.transpose(-1, -2) - hsq_s[..., None]).masked_fill(~link, float("-inf"))
+    """The previous full-width lines of `WildcatAttention._operator` (logits, shift and X·[V | 1] over all N keys,
+    masked), on the arguments `_key_sums` takes now (zs·keysᵀ = z_s·zᵀ)."""
+    key_ok = links.real.expand(hsq_s.shape[:-1] + links.real.shape[-1:])
+    rhs = torch.cat([v, key_ok[..., None].to(v.dtype)], dim=-1)
+    logits_sk = (zs @ keys.transpose(-1, -2) - hsq_s[..., None]).masked_fill(~links.dense(), float("-inf"))
     shift = logits_sk.amax(dim=(-1, -2), keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
     x = torch.exp(logits_sk - shift)
     return shift, x @ rhs

@@ -145,3 +145,34 @@ def stable_pinv(a: torch.Tensor) -> torch.Tensor:
       approximation study therefore reports both solves and flags errors ≥ 1 (worse than Â = 0).
     """
     return torch.linalg.pinv(core_precision(a))
+
+
+def max_row_norm(x: torch.Tensor, real: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """`(x·scale·real).norm(dim=-1).amax(-1)` `[B, H]` for `x [B, H, N, D]` (`real [B, 1, N, 1]`, 0/1 in x's dtype),
+    with that value bit for bit and autograd's gradient (amax's: split evenly among rows that tie at the maximum,
+    times the norm's derivative at those rows), at fp32 rounding.
+
+    Why: autograd through the whole expression keeps x·scale·real and runs the norm's backward on every row — about
+    five passes over x for a gradient that is zero on all but the maximal rows (WildCat's temperature, one per
+    sequence and head, reads the largest key and query norms). Here the value is computed without a graph, and the
+    gradient comes from the tied rows alone, gathered, through `value + (t − t.detach())` (t their norms averaged)."""
+    differentiable = torch.is_grad_enabled() and x.requires_grad
+    with torch.no_grad():
+        rows = x * scale if scale != 1.0 else x
+        if real is not None:
+            rows = rows * real
+        norms = rows.norm(dim=-1)  # [B, H, N]
+        top = norms.amax(-1)
+        if not differentiable:
+            return top
+        tie = norms == top.unsqueeze(-1)
+        count = tie.sum(-1, keepdim=True)
+        width = int(count.max()) if count.numel() else 0
+        at = tie.to(x.dtype).topk(width, dim=-1).indices  # the tied rows first (fewer ties: padded with others)
+        weight = tie.gather(-1, at).to(x.dtype) / count.clamp_min(1).to(x.dtype)
+        keep = None if real is None else real.squeeze(-1).expand(tie.shape).gather(-1, at).unsqueeze(-1)
+    picked = torch.gather(x, -2, at.unsqueeze(-1).expand(*at.shape, x.shape[-1])) * scale
+    if keep is not None:
+        picked = picked * keep
+    tied = (picked.norm(dim=-1) * weight).sum(-1)
+    return top + (tied - tied.detach())

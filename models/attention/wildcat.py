@@ -32,6 +32,10 @@ Our reading, checked against the official code (microsoft/wildcat@93e0a28 `wildc
   coordinate is clipped to the range of the values over the real tokens (exact attention is a convex
   combination of them). It is not part of Â, so `implied_matrix` omits it and forward no longer equals
   Â V where it acts; it also zeroes the gradient of clipped coordinates — hence off for training.
+* `kernel: fused` (the default) draws the RPCholesky coreset with the compiled pivot loop
+  (`models/kernels/rpcholesky_pivots.cpp`: the eager loop's pivots unless a draw lands within fp32 rounding of a
+  boundary); `eager` runs the torch loop. Either way the differentiable path forms z only for the draw (see
+  `_operator`) and sums the key side per sequence (`models/attention/wildcat_sums.py`).
 * Not implemented from the official package: `subsample_ratio` (r is always `num_landmarks` here) and
   causal masking (the official code has none either). Padding is masked everywhere: pads are never in the
   coreset, carry no weight in W and take no part in the centring, τ or the bins.
@@ -45,11 +49,30 @@ from typing import Any
 import torch
 
 from models.attention.landmark import LandmarkAttention
-from models.attention.numerics import fp32_core, stable_pinv
+from models.attention.numerics import fp32_core, max_row_norm, stable_pinv
+from models.attention.wildcat_sums import KeySums, Links, extents
 from models.cost import Flops, Params, pinv_flops
-from models.landmarks.base import broadcast_mask, gather_tokens, length_groups
-from models.landmarks.rpcholesky import RPCholeskyConfig, RPCholeskySelector, check_tau, key_features
+from models.landmarks.base import broadcast_mask, gather_tokens
+from models.landmarks.rpcholesky import (
+    RPCholeskyConfig,
+    RPCholeskySelector,
+    centred_keys,
+    check_tau,
+    temperature,
+)
 from models.landmarks.segment_means import segment_assignment
+
+KERNELS = ("fused", "eager")
+
+
+def clamp_to_values(out: torch.Tensor, v: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """`clamp_output`: each output coordinate clipped to the range of the values over the real tokens (`real
+    [B, 1, N]`), the official code's inference safeguard."""
+    big = torch.finfo(v.dtype).max
+    rv = real.unsqueeze(-1)
+    lo = v.masked_fill(~rv, big).amin(-2, keepdim=True)
+    hi = v.masked_fill(~rv, -big).amax(-2, keepdim=True)
+    return torch.minimum(torch.maximum(out, lo), hi)
 
 
 @dataclass
@@ -63,6 +86,7 @@ class WildcatConfig:
     center_keys: bool = True  # centre the keys over the real tokens first (exact for softmax; the official default)
     num_bins: int = 1  # C bins of real tokens, each with its own coreset (official num_bins; needs rpcholesky)
     clamp_output: bool = False  # clip outputs to the values' range (official inference safeguard; not part of Â)
+    kernel: str = "fused"  # fused (CPU: the RPCholesky pivots in one compiled pass per sequence and head) | eager
 
 
 class WildcatAttention(LandmarkAttention):
@@ -79,6 +103,9 @@ class WildcatAttention(LandmarkAttention):
         self.tau = check_tau(cfg.tau, "attn.tau")
         self.center_keys, self.clamp_output = bool(cfg.center_keys), bool(cfg.clamp_output)
         self.num_bins = int(cfg.num_bins)
+        if cfg.kernel not in KERNELS:
+            raise ValueError(f"attn.kernel={cfg.kernel!r}: expected one of {', '.join(KERNELS)}")
+        self.kernel = cfg.kernel
         if self.num_bins < 1:
             raise ValueError(f"attn.num_bins={cfg.num_bins!r}: expected a positive integer")
         rpc = isinstance(selector, RPCholeskySelector)
@@ -97,96 +124,93 @@ class WildcatAttention(LandmarkAttention):
                 )
 
     def _coreset(
-        self, q: torch.Tensor, k: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, r: int, bins
+        self, q: torch.Tensor, k: torch.Tensor, scale: float, z: torch.Tensor, mask: torch.Tensor | None, r: int, bins
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Indices and validity `[B, H, r]` of the coreset: RPCholesky on our kernel, or any token selector."""
+        """Indices and validity `[B, H, r]` of the coreset: RPCholesky on our kernel, or any token selector (given
+        the logit-scaled queries and keys)."""
         real = broadcast_mask(mask, q)
         if isinstance(self.selector, RPCholeskySelector):
             bin_ids = None if bins is None else bins.expand(z.shape[:3])
-            return self.selector.pivots(z, real, r, bin_ids, self.num_bins)
-        lm = self.selector(q, k, mask, r)
+            return self.selector.pivots(z, real, r, bin_ids, self.num_bins, fused=self.kernel == "fused")
+        lm = self.selector(q * scale, k * scale, mask, r)
         if lm.indices is None:
             raise ValueError(
                 f"attn=wildcat needs token landmarks; selector {type(self.selector).__name__} returns cluster means"
             )
         return lm.indices, lm.valid
 
+    def _temperature(self, q: torch.Tensor, keys: torch.Tensor, real: torch.Tensor, scale: float) -> torch.Tensor:
+        """τ `[B, H, 1, 1]` (a scalar when fixed) of the logit-scaled queries `q·scale` and centred keys `keys`: the
+        official rule's value exactly as `key_features` computes it, its gradient through the maximal rows only
+        (`max_row_norm`)."""
+        if self.tau != "auto":
+            return torch.full((), float(self.tau), dtype=keys.dtype, device=keys.device)
+        return temperature(max_row_norm(keys), max_row_norm(q, real, scale))[..., None, None]
+
     def _operator(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, clamp: bool
     ) -> torch.Tensor:
-        """out = (Â rhs) / (Â 1) for any right-hand side `v [B, H, N, E]` (E = D in forward, N for Â itself)."""
-        n = q.shape[-2]
+        """out = (Â rhs) / (Â 1) for any right-hand side `v [B, H, N, E]` (E = D in forward, N for Â itself).
+
+        The coreset is drawn on exactly the features `key_features` gives (the same pivots as the selector alone);
+        the differentiable path never forms z = k̃/τ over all keys: 1/τ and the logit scale join the r-row side of
+        each product (z_s·zᵀ = (z_s/τ)·k̃ᵀ, (q·s)·k̃_sᵀ = q·(s·k̃_s)ᵀ: fp32 rounding), which saves the passes over
+        [B, H, N, D] of z, of q·s and of their gradients (the temperature's among them)."""
+        n, e = q.shape[-2], v.shape[-1]
         r = self.rank_budget(n)
         if self.num_bins > r:
             raise ValueError(f"attn.num_bins={self.num_bins} exceeds the coreset size r={r}; choose num_bins <= r")
         scale = q.shape[-1] ** -0.25
         real = broadcast_mask(mask, q)  # [B, 1, N]
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        neg_inf = float("-inf")
         with fp32_core(q.device):
-            qf, kf, vf = q.to(dtype) * scale, k.to(dtype) * scale, v.to(dtype)
-            z, kc = key_features(qf, kf, real, self.tau, self.center_keys)
+            qf, vf = q.to(dtype), v.to(dtype)
+            real_f = real.unsqueeze(-1).to(dtype)  # [B, 1, N, 1]
+            kc = centred_keys(k.to(dtype) * scale, real_f, self.center_keys)  # k̃, logit-scaled
+            t = self._temperature(qf, kc, real_f, scale)
             bins = segment_assignment(real, self.num_bins) if self.num_bins > 1 else None
-            idx, valid = self._coreset(q * scale, k * scale, z, mask, r, bins)
-            z_s, kc_s = gather_tokens(z, idx), gather_tokens(kc, idx)
-            hsq = 0.5 * z.pow(2).sum(-1)  # ‖z‖²/2, [B, H, N]
-            hsq_s = hsq.gather(-1, idx)  # [B, H, r]
-            key_ok = real.expand(hsq.shape)
+            with torch.no_grad():
+                z = kc / t  # the kernel's features, for the coreset only
+            idx, valid = self._coreset(q, k, scale, z, mask, r, bins)
+            kc_s = gather_tokens(kc, idx)
+            z_s = kc_s / t
+            hsq_s = 0.5 * z_s.pow(2).sum(-1)  # ‖z_s‖²/2, [B, H, r]
             pair = valid[..., :, None] & valid[..., None, :]  # [B, H, r, r]
-            link = valid[..., :, None] & key_ok[..., None, :]  # [B, H, r, N]
+            links = Links(valid, real)
             if bins is not None:
-                bin_k = bins.expand(hsq.shape)
-                bin_s = bin_k.gather(-1, idx)
+                links.bin_k = bins.expand(idx.shape[:2] + (n,))
+                links.bin_s = bin_s = links.bin_k.gather(-1, idx)
                 pair = pair & (bin_s[..., :, None] == bin_s[..., None, :])
-                link = link & (bin_s[..., :, None] == bin_k[..., None, :])
             # the r×r core G_SS (Gaussian form, unit diagonal), invalid slots → identity
             core = torch.exp(z_s @ z_s.transpose(-1, -2) - hsq_s[..., :, None] - hsq_s[..., None, :])
             eye = torch.eye(r, device=core.device, dtype=core.dtype)
             core_inv = stable_pinv(torch.where(pair, core, eye))
-            rhs = torch.cat([vf, key_ok[..., None].to(vf.dtype)], dim=-1)  # [V | 1]
-            shift, x_rhs = self._key_sums(z_s, z, hsq_s, link, rhs, key_ok)
+            shift, x_rhs = self._key_sums(z_s / t, kc, hsq_s, vf, links)
             coef = core_inv @ x_rhs  # e^{h_s - M}·(W [V | 1])_s, [B, H, r, E + 1]
             # exp(βq·k_s)·e^{-h_s}, one shift per row (cancels in the ratio): entries ≤ 1
-            logits_q = (qf @ kc_s.transpose(-1, -2) - hsq_s[..., None, :]).masked_fill(
-                ~valid[..., None, :], float("-inf")
-            )
-            row_shift = logits_q.amax(-1, keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
-            left = torch.exp(logits_q - row_shift)  # [B, H, N, r]
-            both = left @ coef
-            partial = left @ torch.exp(hsq_s - shift.squeeze(-1)).unsqueeze(-1)  # Σ_{s∈S} exp(βq·k_s), same scale
-            den = torch.maximum(both[..., -1:], partial).clamp_min(torch.finfo(dtype).tiny)
-            out = both[..., :-1] / den
+            b, h = idx.shape[:2]
+            bias = (-hsq_s).masked_fill(~valid, neg_inf).reshape(b * h, 1, r)
+            logits_q = torch.baddbmm(bias, qf.reshape(b * h, n, -1), (kc_s * scale).reshape(b * h, r, -1).mT)
+            with torch.no_grad():
+                row_shift = logits_q.amax(-1, keepdim=True).nan_to_num_(0.0, neginf=0.0)
+            left = logits_q.sub_(row_shift).exp_().view(b, h, n, r)  # [B, H, N, r]
+            # Σ_{s∈S} exp(βq·k_s) on the same scale as the last column: the partial row sum, one product with them
+            partial_s = torch.exp(hsq_s - shift.squeeze(-1)).unsqueeze(-1)
+            num, est, partial = (left @ torch.cat([coef, partial_s], dim=-1)).split([e, 1, 1], dim=-1)
+            out = num / torch.maximum(est, partial).clamp_min(torch.finfo(dtype).tiny)
             if clamp:
-                big = torch.finfo(dtype).max
-                rv = real.unsqueeze(-1)
-                lo = vf.masked_fill(~rv, big).amin(-2, keepdim=True)
-                hi = vf.masked_fill(~rv, -big).amax(-2, keepdim=True)
-                out = torch.minimum(torch.maximum(out, lo), hi)
+                out = clamp_to_values(out, vf, real)
         return out.to(v.dtype)
 
     @staticmethod
     def _key_sums(
-        z_s: torch.Tensor,
-        z: torch.Tensor,
-        hsq_s: torch.Tensor,
-        link: torch.Tensor,
-        rhs: torch.Tensor,
-        real: torch.Tensor,
+        zs: torch.Tensor, keys: torch.Tensor, hsq_s: torch.Tensor, v: torch.Tensor, links: Links
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """X·rhs with X = G_SK·D scaled by one shift per head (e^{-M}, cancels in the ratio; entries ≤ 1), and
-        that shift `[B, H, 1, 1]`. Summed per group of similar-length sequences over the keys up to the group's
-        last real one (`length_groups`, `real [B, H, N]`): the r×N logits, their exp and the product — forward
-        and backward — otherwise spend ~40% of their work on ListOps' trailing pads, whose masked terms are
-        exactly 0; the shift (a max over real keys) is the same, the sums differ at fp32 rounding only."""
-        n = z.shape[-2]
-        groups = length_groups(real, 1)
-        if len(groups) == 1 and groups[0][1] == n:
-            return _shifted_key_sums(z_s, z, hsq_s, link, rhs)
-        parts = [
-            _shifted_key_sums(z_s[rows], z[rows, :, :width], hsq_s[rows], link[rows, ..., :width], rhs[rows, :, :width])
-            for rows, width in groups
-        ]
-        back = torch.cat([rows for rows, _ in groups]).argsort()
-        return torch.cat([p[0] for p in parts])[back], torch.cat([p[1] for p in parts])[back]
+        """X·[V | 1] with X = G_SK·D scaled by one shift per head (e^{-M}, cancels in the ratio; entries ≤ 1), and
+        that shift `[B, H, 1, 1]`: `KeySums`, per sequence over its keys up to its last real one
+        (`models/attention/wildcat_sums.py` says why)."""
+        return KeySums.apply(zs, keys, hsq_s, v, links, extents(links.real))
 
     def forward(self, q, k, v, mask):
         return self._operator(q, k, v, mask, self.clamp_output)
@@ -203,14 +227,6 @@ class WildcatAttention(LandmarkAttention):
         # the selector's (counted there). `num_bins` masks the same dense products (no saving in our implementation).
         diff = 2 * r * r * d + 2 * r * n * d + 2 * r * n * (d + 1) + 2 * r * r * (d + 1)
         diff += 2 * n * r * d + 2 * n * r * (d + 1) + 2 * n * r
-        # the SVD-based pseudo-inverse: forward an estimate (`pinv_flops`), backward torch's formula, 8 r×r products
-        return Flops(diff) + Flops(pinv_flops(r, "exact", 0), backward=16.0 * r**3)
-
-
-def _shifted_key_sums(
-    z_s: torch.Tensor, z: torch.Tensor, hsq_s: torch.Tensor, link: torch.Tensor, rhs: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`WildcatAttention._key_sums` on all of `z`'s keys: the per-head shift and exp(logits − shift)·rhs."""
-    logits = (z_s @ z.transpose(-1, -2) - hsq_s[..., None]).masked_fill(~link, float("-inf"))
-    shift = logits.amax(dim=(-1, -2), keepdim=True).detach().nan_to_num(0.0, neginf=0.0)
-    return shift, torch.exp(logits - shift) @ rhs
+        # backward: twice the products but for X·1, whose right factor (the key mask) takes no gradient (2rn); the
+        # SVD-based pseudo-inverse: forward an estimate (`pinv_flops`), backward torch's formula, 8 r×r products
+        return Flops(diff, backward=2.0 * diff - 2 * r * n) + Flops(pinv_flops(r, "exact", 0), backward=16.0 * r**3)

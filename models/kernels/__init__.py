@@ -44,8 +44,12 @@ SOURCES = Path(__file__).parent
 #: a kernel's own compiler flags. `-fno-trapping-math` lets GCC turn a floating-point compare-and-select into a
 #: vector blend (otherwise it keeps a branch, for a trap torch never enables) — GELU's sign and range selects, the
 #: dropout factor on AVX2 — which also lets it contract a multiply and an add around the select into one FMA
-#: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had
-FLAGS: dict[str, tuple[str, ...]] = {"fused_encoder": ("-fno-trapping-math",)}
+#: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had. The
+#: RPCholesky pivots need it to vectorise their selects (the log-weights of drawable tokens, the clamped downdate)
+FLAGS: dict[str, tuple[str, ...]] = {
+    "fused_encoder": ("-fno-trapping-math",),
+    "rpcholesky_pivots": ("-fno-trapping-math",),
+}
 
 #: the file torch's extension loader creates in the build folder while it builds, and waits on while it exists
 TORCH_BUILD_MARK = "lock"

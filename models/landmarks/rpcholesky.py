@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from models.cost import Flops, Params
+from models.kernels import rpcholesky_pivots
 from models.knobs import follows_run_seed
 from models.landmarks.base import Landmarks, length_groups
 from models.landmarks.kmeans import exact_fp32
@@ -58,26 +59,35 @@ def check_tau(tau: Any, key: str) -> float | str:
     return float(tau)
 
 
+def centred_keys(k: torch.Tensor, real: torch.Tensor, center: bool) -> torch.Tensor:
+    """The keys over the real tokens (`real [B, 1, N, 1]`, 0/1 in k's dtype), centred on their mean when `center`:
+    k̃, pads exactly 0. Differentiable."""
+    k = k * real
+    if center:
+        mean = k.sum(-2, keepdim=True) / real.sum(-2, keepdim=True).clamp_min(1.0)
+        k = (k - mean) * real
+    return k
+
+
+def temperature(k_max: torch.Tensor, q_max: torch.Tensor) -> torch.Tensor:
+    """The official rule τ = √(ρ·max‖k̃‖ / max‖q‖) from the two maxima `[B, H]` (each floored at the dtype's tiny)."""
+    tiny = torch.finfo(k_max.dtype).tiny
+    return torch.sqrt(RHO * k_max.clamp_min(tiny) / q_max.clamp_min(tiny))
+
+
 def key_features(
     q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, tau: float | str, center: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's features: z = k̃/τ `[B, H, N, D]` (so κ = exp(z zᵀ)) and the centred keys k̃.
 
     `q`, `k` are logit-scaled (q·k = logits); `mask [B, 1, N]` bool. Means and norms are over real tokens
-    only; padded rows of z and k̃ are zero. Differentiable (WildCat's weights need it); callers that only
-    choose pivots pass detached inputs.
+    only; padded rows of z and k̃ are zero. Differentiable; callers that only choose pivots pass detached inputs
+    (WildCat takes the same values through `centred_keys` and `temperature`, its gradient otherwise).
     """
     real = mask.unsqueeze(-1).to(k.dtype)  # [B, 1, N, 1]
-    k = k * real
-    if center:
-        mean = k.sum(-2, keepdim=True) / real.sum(-2, keepdim=True).clamp_min(1.0)
-        k = (k - mean) * real
+    k = centred_keys(k, real, center)
     if tau == "auto":
-        k_max = k.norm(dim=-1).amax(-1)  # [B, H]
-        q_max = (q * real).norm(dim=-1).amax(-1)
-        tiny = torch.finfo(k.dtype).tiny
-        t = torch.sqrt(RHO * k_max.clamp_min(tiny) / q_max.clamp_min(tiny))
-        t = t[..., None, None]
+        t = temperature(k.norm(dim=-1).amax(-1), (q * real).norm(dim=-1).amax(-1))[..., None, None]
     else:
         t = torch.full((), float(tau), dtype=k.dtype, device=k.device)
     return k / t, k
@@ -192,13 +202,24 @@ class RPCholeskySelector(DataDrivenTokenSelector):
         self.center, self.tol = bool(cfg.center), float(cfg.tol)
 
     def pivots(
-        self, z: torch.Tensor, eligible: torch.Tensor, m: int, bins: torch.Tensor | None = None, num_bins: int = 1
+        self,
+        z: torch.Tensor,
+        eligible: torch.Tensor,
+        m: int,
+        bins: torch.Tensor | None = None,
+        num_bins: int = 1,
+        fused: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """RPCholesky pivots of exp(z zᵀ) for given features (WildCat passes its own kernel's), own draws."""
+        """RPCholesky pivots of exp(z zᵀ) for given features (WildCat passes its own kernel's), own draws. `fused`:
+        through the compiled loop (`models.kernels.rpcholesky_pivots`) where it applies — the same draws, the same
+        pivots unless a draw falls within fp32 rounding of a boundary of the cumulative weights."""
         b, h = z.shape[:2]
         with exact_fp32(z.device):
             u = self.uniform((b, h, m), z.device)
-            return rpcholesky(z.detach().float(), eligible.expand(b, h, -1), m, u, self.tol, bins, num_bins)
+            features, drawable = z.detach().float(), eligible.expand(b, h, -1)
+            if fused and rpcholesky_pivots.applies(features):
+                return rpcholesky_pivots.pivots(features, drawable, u, self.tol, bins, num_bins)
+            return rpcholesky(features, drawable, m, u, self.tol, bins, num_bins)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         with exact_fp32(q.device):
