@@ -40,14 +40,12 @@ def _write(
     seq_len: int = 1024,
 ) -> Path:
     """One completed run's `results.json`, built as `run.py` builds it, with the measured numbers given."""
-    from lra_bench.config.stages import resolve_stage
-    from lra_bench.record.builder import new_record
-    from lra_bench.run.train import identify
+    from lra_bench.config.spec import settle
+    from lra_bench.run.rundir import data_identity_of
 
-    cfg = compose(overrides)
-    resolve_stage(cfg)
-    built = new_record(cfg, root / name, with_env=False)
-    built.set_identity(identify(built, DATA_MODULE))
+    spec = settle(compose(overrides), root / name)
+    built = spec.described
+    built.set_identity(spec.identify(data_identity_of(DATA_MODULE)))
     record = built.to_dict()
     record["status"] = "completed"
     record["run"].update(finished_at="2026-01-02T00:00:00")

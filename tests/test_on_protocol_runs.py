@@ -52,16 +52,12 @@ class PreparedData(SimpleNamespace):
 
 def recorded_conformance(overrides: list[str]) -> dict[str, Any]:
     """The conformance a run of `overrides` records, through the chain `train()` runs before its first step."""
-    from lra_bench.config import conformance
-    from lra_bench.config.validate import check_rules
-    from lra_bench.record.builder import new_record
-    from lra_bench.run.train import identify
+    from lra_bench.config.spec import settle
+    from lra_bench.run.rundir import data_identity_of
 
-    cfg = compose(overrides)
-    conformance.derive_run_keys(cfg)  # train(): validate (check_components first), then the stage keys
-    check_rules(cfg)
-    record = new_record(cfg, Path("/tmp/lra-out/run"), with_env=False)
-    record.set_identity(identify(record, PreparedData(source="/tmp/lra-data/x", tokens="0123456789abcdef")))
+    spec = settle(compose(overrides), Path("/tmp/lra-out/run"))  # as `run_stage` settles it
+    record, data = spec.described, PreparedData(source="/tmp/lra-data/x", tokens="0123456789abcdef")
+    record.set_identity(spec.identify(data_identity_of(data)))
     return record.to_dict()
 
 

@@ -11,9 +11,10 @@ before it writes is decided here, in this order, and the stages read the result:
 3. the encoder's kernel path (`model.kernels=fused` where it cannot run becomes the eager path that will, said
    in one line), so the record, identity and fingerprint name what really runs;
 4. the launcher (a ddp script launcher inside a multirun is refused) and the run dir (writable);
-5. what the run is: its resolved config as the record stores it, the config part of its identity, and how it
-   deviates from its protocol (`lra_bench.config.conformance.check`; the data part of the identity is added once
-   the data is prepared).
+5. what the run is: its record as the config alone determines it (`new_record`: the resolved config, the rank
+   budget, the stage and the pretraining it starts from), the config part of its identity, and how it deviates
+   from its protocol (`lra_bench.config.conformance.check`; the data part of the identity is added once the data
+   is prepared, `identify`).
 
 The settled config is read-only: a stage that tried to change a key after the record and identity were taken from
 it would fail loudly instead of running a config other than the one recorded.
@@ -38,8 +39,9 @@ from lra_bench.config import conformance
 from lra_bench.config.pretrained_run import PretrainedSource
 from lra_bench.config.validate import check_writable, validate_once
 from lra_bench.errors import ConfigError
-from lra_bench.record.builder import resolved_config, select, selector_name
-from lra_bench.record.identity import config_identity
+from lra_bench.record.builder import add_environment, new_record
+from lra_bench.record.identity import config_identity, fingerprint, with_data
+from lra_bench.record.schema import Identified, RunRecord
 from models.encoder import UNSET_KERNELS, kernels_that_run
 
 
@@ -50,7 +52,7 @@ class RunSpec:
     config: DictConfig  # validated, components typed, derived keys filled, kernels settled; read-only
     output_dir: Path
     source: PretrainedSource | None  # the pretraining run a fine-tune starts from
-    resolved: dict[str, Any]  # the config as plain JSON types: what the record stores and the identity is made of
+    described: RunRecord  # the record as the config alone determines it (no data, code or environment yet)
     identity: dict[str, Any]  # the config part of the run's identity (`config_identity`)
     protocol: dict[str, Any]  # `conformance.check`: {"off_protocol": ..., "deviations": ...}
 
@@ -58,6 +60,22 @@ class RunSpec:
     def trains(self) -> bool:
         """`train=true`: the training stage; else the checkpoint `ckpt_path` is tested (`train=false`)."""
         return bool(self.config.train)
+
+    @property
+    def resolved(self) -> dict[str, Any]:
+        """The config as plain JSON types: what the record stores and the identity is made of."""
+        return self.described.config
+
+    def start_record(self) -> RunRecord:
+        """The record a stage starts from: a copy of `described` with this process's code and environment (taken
+        now, after the entry set the threads the run uses)."""
+        return add_environment(copy.deepcopy(self.described))
+
+    def identify(self, data: dict[str, Any]) -> Identified:
+        """The run's identity once its data is prepared (`data`: `rundir.data_identity_of`), its fingerprint, and
+        the protocol check settle made (the data part of an identity is no part of a protocol)."""
+        identity = with_data(self.identity, data)
+        return Identified(identity, fingerprint(identity), self.protocol["off_protocol"], self.protocol["deviations"])
 
 
 def settle(cfg: DictConfig, output_dir: Path) -> RunSpec:
@@ -70,11 +88,14 @@ def settle(cfg: DictConfig, output_dir: Path) -> RunSpec:
     check_launch(cfg)
     check_writable(output_dir)
     OmegaConf.set_readonly(cfg, True)
-    resolved = resolved_config(cfg)
-    identity = config_identity(resolved)
-    task, protocol_name, attn = (str(select(cfg, f"{key}.name")) for key in ("task", "protocol", "attn"))
-    protocol = conformance.check(identity, task, protocol_name, attn, selector_name(cfg))
-    return RunSpec(cfg, Path(output_dir), source, resolved, identity, protocol)
+    described = new_record(cfg, Path(output_dir), with_env=False)
+    described.stage, described.pretraining = str(cfg.stage), str(cfg.pretraining)
+    described.pretrained = source.describe() if source else None
+    identity = config_identity(described.config)
+    protocol = conformance.check(
+        identity, str(described.task), str(described.protocol), str(described.attn), described.selector
+    )
+    return RunSpec(cfg, Path(output_dir), source, described, identity, protocol)
 
 
 def settle_kernels(cfg: DictConfig) -> None:

@@ -104,7 +104,10 @@ def new_record(cfg: DictConfig, output_dir: Path, *, with_env: bool = True) -> R
             segments=[],
         ),
     )
-    if with_env:
-        record.code = code_version()
-        record.env = environment()
+    return add_environment(record) if with_env else record
+
+
+def add_environment(record: RunRecord) -> RunRecord:
+    """`record` with the code version and environment of this process (what a run records when it starts)."""
+    record.code, record.env = code_version(), environment()
     return record

@@ -200,7 +200,12 @@ def data_identity(tokens: str | None) -> dict[str, Any]:
 
 def run_identity(config: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
     """A run's whole identity: the config part plus the data part (`data_identity`), sorted by key."""
-    merged = {**config_identity(config), **data}
+    return with_data(config_identity(config), data)
+
+
+def with_data(config_part: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """An identity's config part (`config_identity`) joined with its data part, sorted by key."""
+    merged = {**config_part, **data}
     return {k: merged[k] for k in sorted(merged)}
 
 

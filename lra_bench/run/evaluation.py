@@ -23,7 +23,6 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from lra_bench.config.spec import RunSpec, settle
 from lra_bench.errors import ConfigError
 from lra_bench.record import results
-from lra_bench.record.builder import new_record
 from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, meta_of
 from lra_bench.record.schema import RunRecord
 from lra_bench.run import checkpoints, rundir
@@ -39,7 +38,6 @@ from lra_bench.run.checkpoints import check_fits
 from lra_bench.run.console import print_summary
 from lra_bench.run.recorder import Recorder, TestOutputs, run_test
 from lra_bench.run.terminal import quiet_terminal, tee_output
-from lra_bench.run.train import identify
 
 
 def checkpoint_to_test(cfg: DictConfig, output_dir: Path) -> str:
@@ -85,7 +83,7 @@ def evaluate(spec: RunSpec) -> dict[str, Any]:
             f"{output_dir / results.FILENAME} is a training run's record (status {existing.get('status')}); an "
             "evaluation never replaces it: evaluate into another folder (drop run_name=, or --out DIR)"
         )
-    recorder = Recorder(new_record(cfg, output_dir), output_dir, is_zero)
+    recorder = Recorder(spec.start_record(), output_dir, is_zero)
     record = recorder.record
     record.run.planned_steps = None
     record.evaluation = {"checkpoint": ckpt, "checkpoint_step": None, "checkpoint_fingerprint": None}
@@ -97,7 +95,7 @@ def evaluate(spec: RunSpec) -> dict[str, Any]:
         prepare_data(dm, output_dir, is_zero)
         record.data.update({**dm.data_info(), "majority_share": majority_share(dm) if is_zero else None})
         module = build_module(cfg, dm)
-        found = identify(record, dm, spec.protocol)
+        found = spec.identify(rundir.data_identity_of(dm))
         record.set_identity(found)
         record.evaluation = checkpoint_facts(ckpt, found.identity, module)
         if existing is not None and _same_evaluation(existing, record) and not cfg.get("retest"):

@@ -5,7 +5,7 @@ holds the run dir's lock. Under DDP every rank runs it; only rank 0 writes the r
 Before anything is written to a run dir that already holds a record, in order: the schedule can run as the record
 will describe it (`check_schedule`: a batch larger than the train split gives 0 optimizer steps and Lightning would
 "finish"; no validation before `max_steps` leaves no best-val checkpoint to test; a split it needs is empty); the
-run's identity and how it deviates from its protocol (`identify`, `lra_bench.config.conformance`); the run dir holds
+run's identity with its data's and how it deviates from its protocol (`RunSpec.identify`); the run dir holds
 this experiment or none (`rundir.check_same_experiment`); a completed run is left byte-identical (unless
 `retest=true`); the checkpoint to resume from loads and was made by this model (`Start.use_checkpoint`:
 `checkpoints.check_fits`, warning when the code changed since). Every refusal is one `ConfigError` line.
@@ -30,15 +30,12 @@ from omegaconf import DictConfig
 from pytorch_lightning.callbacks import ModelCheckpoint, ModelSummary
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from lra_bench.config import conformance
 from lra_bench.config.spec import RunSpec
 from lra_bench.diagnostics.callback import DiagnosticsCallback
 from lra_bench.errors import ConfigError
 from lra_bench.kit.say import say
-from lra_bench.record.builder import new_record
 from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, load_checkpoint, load_usable
 from lra_bench.record.curves import write_curves
-from lra_bench.record.identity import config_identity, fingerprint, run_identity
 from lra_bench.record.schema import Identified, RunRecord
 from lra_bench.run import checkpoints, pretrain, rundir
 from lra_bench.run.build import (
@@ -149,21 +146,6 @@ class Start:
         return str(Path(resume.path).resolve())
 
 
-def protocol_check(record: RunRecord) -> dict[str, Any]:
-    """`conformance.check` of the run: from its config alone, so a run knows before its data is prepared whether
-    it is on protocol (the data part of an identity is no part of a protocol: `conformance.deviations` skips it)."""
-    identity = config_identity(record.config)
-    return conformance.check(identity, str(record.task), str(record.protocol), str(record.attn), record.selector)
-
-
-def identify(record: RunRecord, dm: Any, checked: dict[str, Any] | None = None) -> Identified:
-    """The run's identity, fingerprint and protocol deviations (`RunRecord.set_identity` stores them); `checked`:
-    the run's `protocol_check`, when it was made already."""
-    identity = run_identity(record.config, rundir.data_identity_of(dm))
-    found = checked if checked is not None else protocol_check(record)
-    return Identified(identity, fingerprint(identity), found["off_protocol"], found["deviations"])
-
-
 def start_run(cfg: DictConfig, output_dir: Path, record: RunRecord, found: Identified, is_zero: bool) -> Start:
     """After `check_schedule` and `identify` (the record holds their findings): is the run dir this experiment's,
     and is the run already completed there."""
@@ -207,7 +189,7 @@ def train(spec: RunSpec) -> dict[str, Any]:
     """Run and return the result record (also written to `<output_dir>/results.json`)."""
     cfg, output_dir = spec.config, spec.output_dir
     is_zero = getattr(rank_zero_only, "rank", 0) == 0
-    recorder = Recorder(stage_record(spec), output_dir, is_zero)
+    recorder = Recorder(spec.start_record(), output_dir, is_zero)
     recorder.write()
     if is_zero:
         print_config(cfg, save_to=output_dir / "config_tree.log", terminal=bool(cfg.print_config))
@@ -259,15 +241,6 @@ def train(spec: RunSpec) -> dict[str, Any]:
     return recorder.as_dict()
 
 
-def stage_record(spec: RunSpec) -> RunRecord:
-    """The run's record at start: `new_record` plus the stage it is and the pretraining it starts from."""
-    cfg = spec.config
-    record = new_record(cfg, spec.output_dir)
-    record.stage, record.pretraining = str(cfg.stage), str(cfg.pretraining)
-    record.pretrained = spec.source.describe() if spec.source else None
-    return record
-
-
 def prepare(spec: RunSpec, recorder: Recorder) -> tuple[Any, pl.LightningModule, Start]:
     """The data (rank 0 prepares it first), the module, and the start checks; the record takes what they find."""
     cfg, output_dir, source = spec.config, spec.output_dir, spec.source
@@ -280,7 +253,7 @@ def prepare(spec: RunSpec, recorder: Recorder) -> tuple[Any, pl.LightningModule,
         record.pretrain = pretrain.stage_info(cfg, dm)
     module = build_module(cfg, dm, source, record.pretrain)
     check_schedule(cfg, dm)
-    found = identify(record, dm, spec.protocol)
+    found = spec.identify(rundir.data_identity_of(dm))
     record.set_identity(found)
     return dm, module, start_run(cfg, output_dir, record, found, recorder.is_zero)
 
