@@ -40,11 +40,18 @@ def _offline_single_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> I
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs the tiers on parallel workers (pytest-xdist, `--dist loadgroup`); the tests that use the
-    session's SLURM cluster share one worker, so one cluster starts, as in a serial run."""
+    """`make test` runs the tiers on parallel workers (pytest-xdist, `--dist loadgroup`), and a fixture wider than
+    a test is made once per worker that needs it. So the tests that use the session's SLURM cluster share one
+    worker (one cluster starts, as in a serial run), and so do the tests of a module that share one of its
+    module-scoped fixtures (a reference run, the data probes under every BLAS kernel: minutes each, made once)."""
     for item in items:
-        if {"local_slurm", "slurm"} & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if {"local_slurm", "slurm"} & names:
             item.add_marker(pytest.mark.xdist_group("slurm"))
+            continue
+        definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope == "module" for n in names for d in definitions.get(n, ())):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):
