@@ -196,22 +196,23 @@ def _fmt_ms(s: float | None) -> str:
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
 
 
-def _cell_status(r: dict[str, Any] | None) -> str | None:
-    if r is None:
-        return "—"
+def _cell_status(r: dict[str, Any]) -> str | None:
     if r.get("status") == "skipped":
         return "skip"
-    if r.get("status") in ("error", "timeout"):
-        return r["status"]
-    return None
+    return r["status"] if r.get("status") in ("error", "timeout") else None
+
+
+def _n_table(head: str, ns: list[int], cells: dict[str, dict[int, str]]) -> list[str]:
+    """One row per key of `cells`, one column per n; "—" where a row has no cell at that n."""
+    return table([head, *[f"n={n}" for n in ns]], [[k, *[v.get(n, "—") for n in ns]] for k, v in cells.items()])
 
 
 def _method_by_n_table(labels, ns, idx, mode, cell) -> list[str]:
     """One row per method, one column per n; a cell is `cell(record)` or the record's skip/error status."""
-    body = [
-        [f"`{lab}`", *[_cell_status(idx.get((lab, mode, n))) or cell(idx[lab, mode, n]) for n in ns]] for lab in labels
-    ]
-    return table(["method", *[f"n={n}" for n in ns]], body)
+    found = {lab: {n: r for n in ns if (r := idx.get((lab, mode, n))) is not None} for lab in labels}
+    return _n_table(
+        "method", ns, {f"`{lab}`": {n: _cell_status(r) or cell(r) for n, r in rs.items()} for lab, rs in found.items()}
+    )
 
 
 def _setup_lines(data: dict[str, Any], ns: list[int]) -> list[str]:
@@ -247,15 +248,12 @@ def _setup_lines(data: dict[str, Any], ns: list[int]) -> list[str]:
 
 def _speedup_lines(summ: dict[str, Any], mode: str, labels: list[str], ns: list[int]) -> list[str]:
     """The speed-up against `full` table of one mode (nothing when no speed-up was computed)."""
-    sp = {(x["label"], x["n"]): x["speedup"] for x in summ["speedups"] if x["mode"] == mode}
+    sp = [x for x in summ["speedups"] if x["mode"] == mode]
     if not sp:
         return []
-    body = [
-        [f"`{lab}`", *[f"{sp[(lab, n)]:.1f}×" if (lab, n) in sp else "—" for n in ns]]
-        for lab in labels
-        if lab != "full"
-    ]
-    return ["", "Speed-up against `full` (t_full / t_method).", "", *table(["method", *[f"n={n}" for n in ns]], body)]
+    cells = {f"`{lab}`": {x["n"]: f"{x['speedup']:.1f}×" for x in sp if x["label"] == lab} for lab in labels}
+    cells.pop("`full`", None)
+    return ["", "Speed-up against `full` (t_full / t_method).", "", *_n_table("method", ns, cells)]
 
 
 def _pair_ratio_lines(summ: dict[str, Any], s: dict[str, Any], mode: str, ns: list[int]) -> list[str]:
@@ -272,14 +270,10 @@ def _pair_ratio_lines(summ: dict[str, Any], s: dict[str, Any], mode: str, ns: li
             "codebook + cluster means). What a k-means costs per call shows in any `…/kmeans/…` row "
             "(per-sequence k-means++ and Lloyd to convergence at every call)."
         )
-    out.append("")
-    by: dict[str, dict[int, float]] = defaultdict(dict)
+    by: dict[str, dict[int, str]] = defaultdict(dict)
     for x in pr:
-        by[f"`{x['num']}` / `{x['den']}`"][x["n"]] = x["ratio"]
-    return out + table(
-        ["pair", *[f"n={n}" for n in ns]],
-        [[k, *[f"{v[n]:.2f}" if n in v else "—" for n in ns]] for k, v in by.items()],
-    )
+        by[f"`{x['num']}` / `{x['den']}`"][x["n"]] = f"{x['ratio']:.2f}"
+    return [*out, "", *_n_table("pair", ns, by)]
 
 
 def _slope_row(x: dict[str, Any], rows: list[dict[str, Any]], mode: str) -> list[str]:
