@@ -262,21 +262,19 @@ def _bookkeeping_lines(board: dict[str, Any]) -> list[str]:
     """What is in no table above: failed or unfinished runs, unreadable records, superseded runs, evaluations."""
     failures, unreadable = board["failures"], board["unreadable"]
     superseded, evaluations = board["superseded"], board["evaluations"]
+    body = [
+        [f["output_dir"], f["status"], f["task"], f["attn"], f["selector"] or "—", f["seed"], f["reason"]]
+        for f in failures
+    ]
     out = [f"## Failed or unfinished runs ({len(failures)})", ""]
-    if failures:
-        body = [
-            [f["output_dir"], f["status"], f["task"], f["attn"], f["selector"] or "—", f["seed"], f["reason"]]
-            for f in failures
-        ]
-        out += table(["output dir", "status", "task", "attn", "selector", "seed", "reason"], body, escape=True)
-    else:
-        out.append("None.")
-    out += ["", f"## Unreadable records ({len(unreadable)})", ""]
     out += (
-        table(["path", "reason"], [[u["path"], u["reason"]] for u in unreadable], escape=True)
-        if unreadable
+        table(["output dir", "status", "task", "attn", "selector", "seed", "reason"], body, escape=True)
+        if body
         else ["None."]
     )
+    out += ["", f"## Unreadable records ({len(unreadable)})", ""]
+    body = [[u["path"], u["reason"]] for u in unreadable]
+    out += table(["path", "reason"], body, escape=True) if body else ["None."]
     if superseded:
         out += ["", "## Superseded runs (same fingerprint and seed; the newest completed run is kept)", ""]
         out += table(["dropped", "seed", "kept"], [[s["path"], s["seed"], s["kept"]] for s in superseded], escape=True)
