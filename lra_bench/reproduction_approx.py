@@ -1,26 +1,17 @@
 """How closely a reproduction's trained attention approximates exact softmax attention: `approx.json` beside its
 evidence.
 
-`python -m lra_bench.reproduce --approx-only --task listops --attn gpa --seed 0` (or `python -m
-lra_bench.reproduction_approx --run <run dir> --out <file>`) takes a completed reproduction's work folder,
-`outputs/reproductions/<protocol>/<task>/<attn>/seed-<s>/`, rebuilds its network from the run's own
-`.hydra/config.yaml` with the weights of its best-val checkpoint (`checkpoints/best-*.ckpt`, the one the test
-used; `lra_bench.approx.capture.run_config` / `load_weights`), runs it in eval mode on a small fixed probe — the
-`PROBE_SEQUENCES` longest validation sequences, cut to `PROBE_MAX_LEN` tokens (the training-time diagnostics' probe
-rule, `lra_bench.diagnostics.callback.build_probe`) — and compares every layer's and head's *own* attention operator
-Â (its `implied_matrix`, with the trained module's state: GPA's codebook, Linformer's learned projections) with
-exact softmax attention A on the same q, k, v, in fp64, with the diagnostics' per-head metrics
-(`lra_bench.diagnostics.metrics.head_metrics`, the ones `python -m lra_bench.approx` uses):
+`python -m lra_bench.reproduce --approx-only …` (or `python -m lra_bench.reproduction_approx --run <run dir> --out
+<file>`) rebuilds a completed reproduction's network from its work folder (`.hydra/config.yaml`, the best-val
+checkpoint the test used), runs it in eval mode on the diagnostics' probe (the `PROBE_SEQUENCES` longest validation
+sequences, cut to `PROBE_MAX_LEN` tokens) and compares every layer's and head's *own* operator Â (`implied_matrix`,
+with the trained state: GPA's codebook, Linformer's projections) with exact softmax attention A on the same q, k, v
+in fp64 (`lra_bench.diagnostics.metrics.head_metrics`, as `python -m lra_bench.approx`): output error
+‖(A − Â)V‖_F / ‖AV‖_F (what the page sets beside test accuracy), matrix error ‖A − Â‖_F / ‖A‖_F, the numerical rank
+of Â and A (#σ_i > `RANK_TOL`·σ_1) and the rank budget the method used — means and medians, no per-sequence values.
 
-* output error ‖(A − Â)V‖_F / ‖AV‖_F (the number the page sets beside test accuracy) and matrix error
-  ‖A − Â‖_F / ‖A‖_F, per (sequence, layer, head); per layer/head and overall: their mean and median;
-* the rank reached: the numerical rank of Â (#σ_i > `RANK_TOL`·σ_1), the effective rank budget (the landmarks,
-  features or projection rows the method really used) and its nominal value, and the numerical rank of A.
-
-For `attn=full` Â is A: the error is 0 by definition and is reported as 0 (the measured fp32-vs-fp64 rounding is kept
-beside it as `rounding`). The file is a few KB (no per-sequence values); the checkpoints stay in the work folder.
-Cost: two n×n fp64 SVDs (and a small k-means) per sequence, layer and head — for the Nyströmformer protocol's
-2-layer, 2-head ListOps model, 8 sequences of 1,024 tokens take about a minute or two on one CPU thread.
+For `attn=full` Â is A: the error is 0 by definition (the fp32-vs-fp64 rounding is kept as `rounding`). Cost: two
+n×n fp64 SVDs per sequence, layer and head — a minute or two on one CPU thread for the Nyströmformer ListOps model.
 """
 
 from __future__ import annotations

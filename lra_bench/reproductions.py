@@ -1,17 +1,9 @@
 """`python -m lra_bench.reproductions`: `docs/reproductions.md` from the evidence `make reproduce` commits.
 
-One row per protocol × task × attention beside the published number (`lra_bench.leaderboard.published`): our mean
-and 95% t-interval over the completed seeds, and whether that reproduces the published value
-(`lra_bench.leaderboard.reproduced`). Then every run (completed or in progress), the validation curves, what
-`python -m lra_bench.compare attn=gpa attn=nystrom` says, accuracy against cost (`lra_bench.reproduction_cost`), the
-methods' claims (`lra_bench.reproduction_claims`) and accuracy against approximation error
-(`lra_bench.reproduction_approx`).
-
-Variants: runs of a network the protocol no longer computes (`reproductions/variants/<name>/<protocol>/<task>/<attn>/
-seed-<s>/`, each record saying `"variant": "<name>"`; the folder's README says what differs) stay committed in a
-section of their own, never in the rows beside the published numbers, which count only runs of the current protocol
-(a record that names a variant is that variant's wherever it lies). Their snapshots keep no checkpoints (they cannot
-be resumed under today's network): the step and segments the last checkpoint held are in `checkpoint.json`.
+Variants: runs of a network the protocol no longer computes (`reproductions/variants/<name>/…`, records saying
+`"variant": "<name>"`) stay committed in a section of their own, never beside the published numbers, which count only
+runs of the current network. Their snapshots keep no checkpoints (they cannot be resumed under today's network): the
+step and segments the last checkpoint held are in `checkpoint.json`.
 
 Why "leaves the prior" is recorded: the faithful ListOps schedule learns late and abruptly (a first attempt sat at
 the class prior, val accuracy 0.16–0.19, until step ~2,200), so a run cut short, or a schedule shortened "to save
@@ -22,8 +14,8 @@ Why the rank correlation of accuracy against output error waits for `MIN_ATTENTI
 that better approximation gives better accuracy (a negative ρ), a claim about methods, and seeds of one attention
 share its method. Variants keep no checkpoints, so they have no approx.json.
 
-`--check` regenerates the page in memory and fails when the committed one differs (CI runs it through the tests).
-The figures are written next to the page; they are not compared byte for byte (fonts and library versions differ).
+`--check` fails when the committed page differs from the one rendered; the figures beside it are not compared
+(fonts and library versions differ).
 """
 
 from __future__ import annotations
@@ -130,9 +122,8 @@ def _pct(value: float | None, digits: int = 2) -> str:
 
 def _seeds(runs: list[Run]) -> tuple[list[float], int]:
     """The completed runs' test accuracies (%) and how many runs are in progress."""
-    return [100 * r.test_acc for r in runs if r.completed and r.test_acc is not None], sum(
-        not r.completed for r in runs
-    )
+    done = [100 * r.test_acc for r in runs if r.completed and r.test_acc is not None]
+    return done, sum(not r.completed for r in runs)
 
 
 def _verdict(published: tuple[float, str] | None, done: list[float], running: int, attn: str) -> str:

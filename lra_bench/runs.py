@@ -1,16 +1,11 @@
 """`python -m lra_bench.runs [DIR...] [--task T] [--attn A] [--status S] [--where KEY=VALUE] [--sort started]
 [--remove [--yes] [--include-completed]]`: every run, one line each.
 
-Where did my run go, did it finish, and how well did it do? One table of every `results.json` below DIRs (default:
-`outputs` and `multirun` where they exist): status, task, attention (and selector), the overrides that made the
-run (from its `.hydra/overrides.yaml`, logistics such as `data_dir` left out), best val and test accuracy, the
-step it reached of the steps planned, when it first started (local time), and its folder (relative to the current
-directory when below it, so it pastes into `ckpt_path=`, `python -m lra_bench.compare` or `evaluate`). A record that
-still says `running` while no process holds its run dir (`lra_bench.run.rundir`) was killed: it is shown as `stopped`,
-and its step is the last one the CSV log holds. Reads only records and small files, so it is fast on a live sweep
-and on a cluster filesystem. `--remove` deletes the folders of the failed, interrupted and stopped runs listed
-(`lra_bench.runs_removal`: what may go, the question, the deletion), so a results dir can be tidied without
-`make clean`, which takes every result and the venv with it.
+Where did my run go, did it finish, and how well did it do? The overrides shown leave out logistics; the folder is
+relative to the current directory so it pastes into `ckpt_path=`, `compare` or `evaluate`. A record that still says
+`running` while no process holds its run dir was killed: shown as `stopped`, at the last step its CSV log holds.
+Reads only records and small files, so it is fast on a live sweep. `--remove` (`lra_bench.runs_removal`) tidies a
+results dir without `make clean`, which takes every result and the venv with it.
 
 Exit status 0 with the table; 2 with one line for a missing DIR, a DIR holding no run, or `--remove` with no
 terminal to ask on and no `--yes`.
