@@ -73,8 +73,8 @@ def build_methods(settings: dict[str, Any], context: dict[str, Any]) -> list[Met
         params = attn_params(name, context)
         sel = default_selector(name) if cls.takes_selector else None
         label = name + (f"/{sel}" if sel else "")
-        key = cls.rank_knob
-        out.append(Method(label, "attention", name, sel, params, selector_params(sel, context) if sel else {}, key))
+        sel_params = selector_params(sel, context) if sel else {}
+        out.append(Method(label, "attention", name, sel, params, sel_params, cls.rank_knob))
     return out
 
 
@@ -86,9 +86,7 @@ def build(method: Method, n: int, d: int, m: int | None, seed: int) -> Attention
     params = _with_seed(method.attn_params, seed)
     if method.m_key is not None and m is not None:
         params[method.m_key] = m
-    selector = None
-    if method.selector:
-        selector = build_selector(method.selector, **_with_seed(method.selector_params, seed))
+    selector = build_selector(method.selector, **_with_seed(method.selector_params, seed)) if method.selector else None
     module = build_attention(method.attn, head_dim=d, num_heads=1, seq_len=n, selector=selector, **params)
     return module.eval()
 

@@ -31,12 +31,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        parts = [self.attn]
-        if self.selector:
-            parts.append(self.selector)
-        if self.m is not None:
-            parts.append(f"m={self.m}")
-        return "/".join(parts)
+        return "/".join(part for part in (self.attn, self.selector, None if self.m is None else f"m={self.m}") if part)
 
 
 @functools.cache
@@ -102,9 +97,7 @@ def build_variants(
         ms: list[Any] = list(landmarks) if key else [None]
         for sel in sels:
             for m in ms:
-                p = dict(params)
-                if key is not None:
-                    p[key] = m
+                p = dict(params) if key is None else {**params, key: m}
                 out.append(
                     Variant(
                         attn=name,

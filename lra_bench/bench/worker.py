@@ -33,11 +33,8 @@ def build_module(spec: dict[str, Any], n: int) -> torch.nn.Module:
     """The operator named by `spec` for sequence length `n` (references or a registry attention)."""
     if spec["kind"] == "reference":
         return SDPAReference(spec["attn"])
-
-    selector = None
-    if spec.get("selector"):
-        selector = build_selector(spec["selector"], **(spec.get("selector_params") or {}))
-    params = dict(spec.get("attn_params") or {})
+    selector = build_selector(spec["selector"], **(spec.get("selector_params") or {})) if spec.get("selector") else None
+    params = spec.get("attn_params") or {}
     return build_attention(
         spec["attn"], head_dim=spec["d"], num_heads=spec["H"], seq_len=n, selector=selector, **params
     )
@@ -101,10 +98,6 @@ def _call(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> None:
     out.backward(grad)
 
 
-def _set_mode(module: torch.nn.Module, mode: str) -> None:
-    module.train(mode != "forward")
-
-
 def prime(module: torch.nn.Module, tensors) -> None:
     """One training-mode forward (no grad) at the full size before anything is measured, so that stateful
     modules (those with buffers) start as they would in a trained model (GPA's progressive codebook exists and
@@ -120,16 +113,15 @@ def prime(module: torch.nn.Module, tensors) -> None:
 
 def count_flops(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> int | None:
     """Matmul-type FLOPs PyTorch's FlopCounterMode sees in one call (fused CPU SDPA kernels are invisible to it)."""
-    _set_mode(module, mode)
+    module.train(mode != "forward")
     with FlopCounterMode(display=False) as counter:
         _call(module, mode, q, k, v, mask, grad)
-    total = int(counter.get_total_flops())
-    return total or None
+    return int(counter.get_total_flops()) or None
 
 
 def time_mode(spec: dict[str, Any], module, mode: str, device: torch.device, tensors) -> dict[str, Any]:
     """Warm-up, then timed repeats; stops early (after `min_repeats`) once `max_time_s` of timed calls is spent."""
-    _set_mode(module, mode)
+    module.train(mode != "forward")
     meter = PeakMemory(device)
     meter.start()
     t0 = time.perf_counter()
@@ -170,7 +162,7 @@ def measure(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if small < n:
             tiny = _place(build_module(spec, small), device, dtype)
             for mode in spec["modes"]:
-                _set_mode(tiny, mode)
+                tiny.train(mode != "forward")
                 _call(tiny, mode, *make_inputs(spec, small, device, dtype, seed))
             del tiny
         tensors = make_inputs(spec, n, device, dtype, seed)
