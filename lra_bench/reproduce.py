@@ -62,22 +62,10 @@ def command(
 ) -> list[str]:
     """`python run.py` with the protocol's config: the method and seed, then logistics only (`extra`, empty for a
     reproduction, is for trials: any change there is recorded as off-protocol)."""
-    return [
-        sys.executable,
-        str(REPO / "run.py"),
-        f"task={task}",
-        f"attn={attn}",
-        f"protocol={protocol}",
-        f"seed={seed}",
-        f"data_dir={data_dir}",
-        f"output_root={work / protocol}",
-        f"run_name=seed-{seed}",
-        f"threads={threads}",
-        "logger=csv",
-        "callbacks.progress_bar=status",
-        "print_config=false",
-        *extra,
-    ]
+    method = [f"task={task}", f"attn={attn}", f"protocol={protocol}", f"seed={seed}"]
+    where = [f"data_dir={data_dir}", f"output_root={work / protocol}", f"run_name=seed-{seed}", f"threads={threads}"]
+    quiet = ["logger=csv", "callbacks.progress_bar=status", "print_config=false"]
+    return [sys.executable, str(REPO / "run.py"), *method, *where, *quiet, *extra]
 
 
 def copy_into(src: Path, dst: Path) -> None:
@@ -153,19 +141,8 @@ def approx_command(args: argparse.Namespace) -> str:
 def approx_study(run: Path, out: Path, args: argparse.Namespace, timeout_s: float = APPROX_TIMEOUT_S) -> bool:
     """`lra_bench.reproduction_approx` on the completed run in `run`, written to `out`, as a child process (a crash,
     an exhausted memory or a hang cannot take the evidence with it). False, said on stdout, when it failed."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "lra_bench.reproduction_approx",
-        "--run",
-        str(run),
-        "--out",
-        str(out),
-        "--threads",
-        str(args.threads),
-        "--command",
-        approx_command(args),
-    ]
+    cmd = [sys.executable, "-m", "lra_bench.reproduction_approx", "--run", str(run), "--out", str(out)]
+    cmd += ["--threads", str(args.threads), "--command", approx_command(args)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -230,11 +207,8 @@ def reproduce(args: argparse.Namespace) -> int:
         keep_evidence(run, evidence)
         print(f"[reproduce] completed: evidence in {evidence}")
         return 0
-    saved = snapshot(run, evidence)
-    print(
-        f"[reproduce] run.py exited {code}; "
-        + (f"state saved in {evidence / IN_PROGRESS}" if saved else "no checkpoint to save yet")
-    )
+    saved = f"state saved in {evidence / IN_PROGRESS}" if snapshot(run, evidence) else "no checkpoint to save yet"
+    print(f"[reproduce] run.py exited {code}; {saved}")
     return code or 1
 
 

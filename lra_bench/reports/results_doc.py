@@ -210,14 +210,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--approx", type=Path, help="an approx run dir (holds approx.json)")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     for flag, what in (
-        ("--spt", "an spt_study dir (spt_study.json; repeatable); alone: only that section"),
-        ("--locality", "a locality study dir (locality.json; repeatable); alone: only that section"),
-        (
-            "--step",
-            "a training-step measurement (JSON with title, command, rows; repeatable); alone: only that section",
-        ),
+        ("--spt", "an spt_study dir (spt_study.json"),
+        ("--locality", "a locality study dir (locality.json"),
+        ("--step", "a training-step measurement (JSON with title, command, rows"),
     ):
-        parser.add_argument(flag, type=Path, action="append", help=what)
+        parser.add_argument(flag, type=Path, action="append", help=f"{what}; repeatable); alone: only that section")
     return parser.parse_args(argv)
 
 
@@ -251,9 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     else:  # only the study given: keep the document, replace (or add) its section
         text = args.out.read_text() if args.out.exists() else ""
     if args.spt:
-        text = with_section(
-            text, "spt_study", spt_body([json.loads((d / "spt_study.json").read_text()) for d in args.spt])
-        )
+        studies = [json.loads((d / "spt_study.json").read_text()) for d in args.spt]
+        text = with_section(text, "spt_study", spt_body(studies))
     if args.step:
         runs = [json.loads(p.read_text()) for p in args.step]
         write_step_csv(runs, tables / STEP_CSV)
@@ -265,10 +261,8 @@ def main(argv: list[str] | None = None) -> None:
         text = keep_section(text, previous, name)
     args.out.write_text(text)
     lines = len(text.splitlines())
-    print(
-        f"wrote {args.out} ({lines} lines"
-        + (f", over the {PAGE_LINES} a page may have)" if lines > PAGE_LINES else ")")
-    )
+    over = f", over the {PAGE_LINES} a page may have" if lines > PAGE_LINES else ""
+    print(f"wrote {args.out} ({lines} lines{over})")
 
 
 if __name__ == "__main__":
