@@ -64,12 +64,8 @@ def arm_args(arm: str, attn: str, seed: int, settings: dict[str, Any], data_dir:
     args = [*task, f"attn={attn}", *ATTN_ARGS.get(attn, []), f"seed={seed}", f"data_dir={data_dir}"]
     if arm == "scratch":
         return [*args, f"trainer.max_steps={total}"]
-    return [
-        *args,
-        "experiment=spt/listops",
-        f"spt.pretrain.trainer.max_steps={pretrain}",
-        f"trainer.max_steps={total - pretrain}",
-    ]
+    spt = ["experiment=spt/listops", f"spt.pretrain.trainer.max_steps={pretrain}"]
+    return [*args, *spt, f"trainer.max_steps={total - pretrain}"]
 
 
 def run_arm(arm: str, attn: str, seed: int, settings: dict[str, Any], out: Path) -> dict[str, Any]:
