@@ -1,27 +1,20 @@
 """`make reproduce TASK=listops ATTN=nystrom SEED=0`: one faithful run of a protocol, kept as evidence in the repo.
 
-The run is the protocol's own config with nothing but logistics overridden (where data and outputs go, the CSV
-logger, the progress display, one CPU thread), started as an ordinary `python run.py` process, so it is exactly
-what any user's `python run.py task=<t> attn=<a> protocol=<p> seed=<s>` computes, and its record says whether it
-is on-protocol. It trains in `outputs/reproductions/<protocol>/<task>/<attn>/seed-<s>/` (ListOps is generated at
-the official size on first use), and what is needed to re-check its number goes to the evidence folder
-`reproductions/<protocol>/<task>/<attn>/seed-<s>/`:
+The run is the protocol's own config with nothing but logistics overridden, started as an ordinary `python run.py`
+process, so it is exactly what any user's `python run.py task=<t> attn=<a> protocol=<p> seed=<s>` computes, and its
+record says whether it is on-protocol. It trains in `outputs/reproductions/<protocol>/<task>/<attn>/seed-<s>/`; what
+re-checking its number needs goes to `reproductions/<protocol>/<task>/<attn>/seed-<s>/`:
 
-* while it runs, every `--snapshot-every-s` seconds (and when it stops): `in-progress/`, the run dir's small files
-  plus `checkpoints/last.ckpt` and the best-val checkpoint last.ckpt refers to — commit it, and a later
-  `make reproduce` with the same arguments restores it and resumes bit-identically (on another machine too);
-* when it completes: `results.json`, `test_predictions.npz`, `identity.json`, the CSV metrics (`csv/`) and
-  `run.log` — no checkpoints; `in-progress/` is removed. Before that copy, the approximation study of the best-val
-  checkpoint (`lra_bench.reproduction_approx`: the trained attention against exact softmax attention on a small
-  fixed validation probe) writes `approx.json` into the run dir and it is kept with the evidence. It is
-  failure-tolerant: a study that fails (or runs past `APPROX_TIMEOUT_S`) is reported and the evidence is kept
-  without it (the page says the file is missing); `--approx-only` makes it later for a completed run whose work
-  folder still holds its checkpoints, writing straight into the evidence folder.
+* while it runs (every `--snapshot-every-s` seconds, and when it stops): `in-progress/`, the small files and the
+  last and best-val checkpoints — committed, a later `make reproduce` restores it and resumes bit-identically, on
+  another machine too;
+* when it completes: the `EVIDENCE` files, no checkpoints. Before that copy the approximation study of the best-val
+  checkpoint (`lra_bench.reproduction_approx`) writes `approx.json`; it is failure-tolerant (a study that fails or
+  runs past `APPROX_TIMEOUT_S` is reported, the evidence kept without it), and `--approx-only` makes it later while
+  the work folder still holds the checkpoints.
 
-A completed evidence folder is left as it is. `docs/reproductions.md` is generated from `reproductions/`
-(`python -m lra_bench.reproductions`). Runs of a network the protocol no longer computes are moved to
-`reproductions/variants/<name>/` (their records say `variant`; the page shows them apart, never beside a published
-row); this command never reads or resumes them.
+A completed evidence folder is left as it is. Runs of a network the protocol no longer computes live in
+`reproductions/variants/<name>/`; this command never reads or resumes them.
 """
 
 from __future__ import annotations

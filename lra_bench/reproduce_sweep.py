@@ -5,15 +5,11 @@ command, as one Hydra multirun through whichever launcher the command names (one
     python -m lra_bench.reproduce_sweep --task listops --attn nystrom gpa full --seed 0 1 -- \\
         hydra/launcher=slurm hydra.launcher.partition=cpu hydra.launcher.cpus_per_task=1
 
-Each job is exactly what `make reproduce` runs (the protocol's config, logistics only: `lra_bench.reproduce.command`)
-in the same work folder, `<work root>/<protocol>/<task>/<attn>/seed-<s>/`, so a requeued or re-submitted job
-resumes from its own `last.ckpt`. `EvidenceCallback` (a Hydra callback the command adds) does what `make reproduce`
-does around it: before a job starts it restores the committed state of that run (an `in-progress/` snapshot to
-resume from, or a completed run's record, which `run.py` then leaves as it is); when the job ends it keeps the
-evidence in `reproductions/<protocol>/<task>/<attn>/seed-<s>/` (completed: the approximation study, then the
-evidence files; otherwise a snapshot to commit); when the whole sweep ends, in the submitting process, it rebuilds
-`docs/reproductions.md`. Arguments after `--` are Hydra overrides for the launcher and the sweep (`hydra.*`); any
-other key would make every run off-protocol, and its record says so.
+Each job is exactly what `make reproduce` runs (`lra_bench.reproduce.command`) in the same work folder, so a
+requeued or re-submitted job resumes from its own `last.ckpt`. `EvidenceCallback` does around each job what `make
+reproduce` does around its run (restore the committed state, keep the evidence), and rebuilds
+`docs/reproductions.md` when the sweep ends, in the submitting process. Arguments after `--` are Hydra overrides for
+the launcher and the sweep (`hydra.*`); any other key would make every run off-protocol, and its record says so.
 """
 
 from __future__ import annotations
