@@ -234,13 +234,9 @@ def compare_sides(
         raise CompareError(
             f"A and B share no task (A: {', '.join(sorted(a.runs)) or '-'}; B: {', '.join(sorted(b.runs)) or '-'})"
         )
-    compared, unpaired = [], []
-    for index, task in enumerate(tasks):
-        item = compare_task(a, b, task, index, level, n_resamples, seed)
-        if item is None:
-            unpaired.append(task)
-        else:
-            compared.append(item)
+    items = [compare_task(a, b, task, index, level, n_resamples, seed) for index, task in enumerate(tasks)]
+    compared = [item for item in items if item is not None]
+    unpaired = [task for task, item in zip(tasks, items) if item is None]
     if not compared:
         raise CompareError(f"A and B share no seed on any common task ({', '.join(tasks)})")
     family = sum(1 for t in compared if t.result.p is not None)

@@ -53,10 +53,6 @@ def _p(p: float | None) -> str:
     return "—" if p is None else p_text(p, prefix="")
 
 
-def _x(ratio: float | None) -> str:
-    return "—" if ratio is None else f"{ratio:.2f}×"
-
-
 def setup_text(side: Side, task: str) -> str:
     """How the side's runs on `task` were set up: tuned or not, and whether they kept the protocol's values — an
     untuned run is "the protocol's values" only when its record says it is on protocol."""
@@ -121,7 +117,7 @@ def _row(
         "Holm p": _p(holm_p),
         "bootstrap CI (pp)": _interval(result.bootstrap_ci),
         "step time A/B": _speed_cell(eff[0]),
-        "peak mem A/B": _x(eff[1]),
+        "peak mem A/B": "—" if eff[1] is None else f"{eff[1]:.2f}×",
         "tuning A / B": marks,
     }
 

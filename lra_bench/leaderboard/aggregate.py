@@ -219,7 +219,7 @@ def group_rows(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                 "conformance": key[len(GROUP_KEYS)],
                 "fingerprint": key[len(GROUP_KEYS) + 1],
                 "off_protocol": {"on": False, "off": True}.get(key[len(GROUP_KEYS)]),
-                "deviations": ",".join(sorted({k for r in kept for k in experiments.deviation_keys(r)})),
+                "deviations": ",".join(sorted({k for r in kept for k in r.get("deviations") or {}})),
                 "_identity": identity_of(kept[0]),
                 "n": len(test),
                 "test_accs": [float(v) for v in test],  # per seed, in seed order: what a reproduction verdict needs

@@ -40,17 +40,9 @@ def conformance(record: dict[str, Any]) -> str:
     return "unchecked" if flag is None else ("off" if flag else "on")
 
 
-def deviation_keys(record: dict[str, Any]) -> list[str]:
-    return sorted(record.get("deviations") or {})
-
-
 def mark(conformance_class: Any) -> str:
     """` ⚠ off-protocol` / ` ⚠ protocol unchecked` / "" — appended to a label wherever a row is shown."""
     return MARKS.get(str(conformance_class), MARKS["unchecked"])
-
-
-def _legend_tag(full: str) -> str:
-    return "v-" + hashlib.sha256(full.encode()).hexdigest()[:6]
 
 
 def variant_labels(groups: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str]]:
@@ -65,7 +57,8 @@ def variant_labels(groups: dict[str, dict[str, Any]]) -> dict[str, tuple[str, st
     out = {}
     for fp, view in views.items():
         full = describe(view, keys, limit=len(keys))
-        label = full if len(keys) <= LABEL_KEYS else f"{describe(view, keys, LABEL_KEYS)} ⟨{_legend_tag(full)}⟩"
+        tag = "v-" + hashlib.sha256(full.encode()).hexdigest()[:6]
+        label = full if len(keys) <= LABEL_KEYS else f"{describe(view, keys, LABEL_KEYS)} ⟨{tag}⟩"
         out[fp] = (label, full)
     counts = Counter(label for label, _ in out.values())
     return {fp: (f"{label} ⟨{fp[:8]}⟩" if counts[label] > 1 else label, full) for fp, (label, full) in out.items()}

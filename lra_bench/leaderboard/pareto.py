@@ -218,10 +218,6 @@ def chart_figure(chart: Chart) -> Figure:
     return fig
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
-
-
 def build_charts(
     rows: Sequence[dict[str, Any]], wide: Sequence[dict[str, Any]], out_dir: Path, plots: bool = True
 ) -> tuple[list[Chart], list[str]]:
@@ -232,7 +228,8 @@ def build_charts(
     for chart in charts:
         mark_frontier(chart.points)
         if plots:
-            path = Path(out_dir) / f"leaderboard_pareto_{_slug(chart.protocol)}_{chart.target}.png"
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", chart.protocol)
+            path = Path(out_dir) / f"leaderboard_pareto_{slug}_{chart.target}.png"
             chart.path = save_figure(chart_figure(chart), path, tight=False)
     return charts, notes
 

@@ -116,10 +116,6 @@ def _wide_cells(row: dict[str, Any]) -> list[str]:
     return [*cells, _num(row.get("avg5")), avg6]
 
 
-def _method_cell(row: dict[str, Any]) -> str:
-    return f"{row['method']}{row.get('flag') or ''}{experiments.mark(row.get('conformance'))}"
-
-
 def _kept(row: dict[str, Any]) -> str:
     """Whether a row's runs kept their protocol: yes, no (and what they changed), or unchecked."""
     if row.get("conformance") == "off":
@@ -170,7 +166,7 @@ def _summary_cells(row: dict[str, Any], tag_variant: bool = False) -> list[str]:
     """A summary table's method, source and score cells (markdown and terminal alike); `tag_variant` adds an
     experiment's variant tag to its method (the terminal's; leaderboard.md spells variants out in its legend)."""
     ours = row["kind"] in ("ours", locality.KIND)
-    method = _method_cell(row)
+    method = f"{row['method']}{row.get('flag') or ''}{experiments.mark(row.get('conformance'))}"
     if tag_variant and ours and row.get("variant"):
         method += f" {experiments.short_variant(row['variant'])}"
     return [method, "ours" if ours else f"published: {row['source']}", *_wide_cells(row)]
