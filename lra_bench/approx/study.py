@@ -3,14 +3,10 @@ metrics of `lra_bench.diagnostics.metrics` (one implementation for training-time
 the method's own `implied_matrix`.
 
 Two groups of methods:
-* `selector`: every registered selector under one fixed landmark operator (`operator`, default Nyström minus the
-  conv skip, which is not part of Â) at each m, under each core solve of `solves` (`SOLVES`): `training` (the
-  operator's own, in fp32 as in training), `stable` (`models.attention.numerics.stable_pinv` in fp64: exact when
-  the landmarks determine A) and optionally `oracle` (`oracle_matrix`). The same seed gives the same landmarks
-  under each, so they are paired;
-* `attention`: every registered attention except `full`, at its paper defaults with its own default selector, m
-  swept through its landmark-count field when it has one. One that approximates another operator than softmax
-  (`target_pair(q, k, mask) → (T, T̂)`, as the training-time diagnostics expect: the spectral mixer's tanh
+* `selector`: every registered selector under one fixed landmark operator at each m, under each core solve of
+  `SOLVES`; the same seed gives the same landmarks under each, so the solves are paired;
+* `attention`: every registered attention except `full`, at its paper defaults with its own selector. One that
+  approximates another operator than softmax (`target_pair(q, k, mask) → (T, T̂)`: the spectral mixer's tanh
   affinity) is scored on that pair instead, and says so (`target: own`).
 """
 

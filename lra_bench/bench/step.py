@@ -1,18 +1,14 @@
 """The faithful training step against the machine's limit: `python -m lra_bench.bench.step task=listops attn=nystrom`.
 
 The attention sweep (`python -m lra_bench.bench`) times one operator; what a reproduction waits for is the whole
-protocol: the run's own network (built from the composed config, as `run.py` builds it), its loss, backward and
-AdamW step with the protocol's schedule, plus the evaluation passes the schedule interleaves. Per attention this
-reports `step_s` (median wall time of one training step after warm-up), `eval_batch_s` (one evaluation batch at the
-protocol's evaluation batch size), `flops_step` (`counted_flops`), `limit_s` (those FLOPs at the fp32 matmul rate
-measured between the steps, `time_side_by_side`; `step_s / limit_s` = 1.0: every FLOP at the best matmul rate) and
-`protocol_h` (`max_steps` steps plus `max_steps / val_check_interval` evaluations of `limit_val_batches` batches; the
-one test pass left out).
+protocol: the run's own network, loss, backward and AdamW step, plus the evaluation passes the schedule interleaves.
+Per attention: the median step, one evaluation batch, the step's FLOPs and `limit_s`, those FLOPs at the fp32 matmul
+rate measured between the steps (`step_s / limit_s` = 1.0: every FLOP at the best matmul rate), and the whole
+protocol projected from them (the test pass left out).
 
-Inputs are random tokens with each example's length drawn uniformly from the task's generated range (ListOps:
-500–2000 of 2048), so the padding mask is what the real data gives. Load matters on a shared machine: each row states
-the 1-minute load average; compare variants only side by side in one invocation (`--kernels fused eager`, `--dropout
-packed native`: the variants of one attention are timed round-robin).
+Inputs are random tokens with lengths drawn from the task's generated range, so the padding mask is what the real
+data gives. Load matters on a shared machine: each row states the 1-minute load average; compare variants only side
+by side in one invocation (`--kernels fused eager`, `--dropout packed native`: timed round-robin).
 """
 
 from __future__ import annotations

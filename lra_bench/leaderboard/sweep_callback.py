@@ -1,15 +1,11 @@
 """Hydra callbacks (registered under `hydra.callbacks` in conf/config.yaml).
 
 `LeaderboardCallback`
-* `on_job_end` (runs next to the job: on the SLURM node under submitit): when the job raised, make its
-  `results.json` say so. `train()` normally records its own failure; this catches what it cannot — a config
-  error raised before the record existed, or a record left at "running". Rank 0 only.
-* `on_multirun_end` (runs once, where the sweep was launched): build the leaderboard in the sweep dir
-  (`leaderboard.md`, CSVs, plots) from every `results.json`, and log the tables and charts to a W&B run of their
-  own when the sweep's runs log to W&B (online or offline, as they do; `lra_bench.leaderboard.wandb_log`).
-  Hydra skips `on_multirun_end` when any job failed (the sweeper re-raises the first failure), so the callback
-  also registers an exit hook at `on_multirun_start` that builds the leaderboard — failures listed — in that
-  case; the sweep still exits non-zero.
+* `on_job_end` (next to the job, on the SLURM node under submitit): when the job raised, make its `results.json` say
+  so — what `train()` cannot record itself (a config error before the record existed, a record left at "running").
+* `on_multirun_end` (once, where the sweep was launched): build the leaderboard in the sweep dir and log it to W&B
+  when the sweep's runs do. Hydra skips it when any job failed, so `on_multirun_start` also registers an exit hook
+  that builds the leaderboard — failures listed — in that case; the sweep still exits non-zero.
 
 Light at import (no torch): Hydra instantiates callbacks in every process it starts.
 """
