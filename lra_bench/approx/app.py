@@ -94,15 +94,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         inputs.append(info)
         seeds = [inst.seed] if inst.seed is not None else [int(s) for s in settings["seeds"]]
         rows += evaluate(inst, methods, ms, seeds, exact)
-        log.info(
-            "[%d/%d] %s/%s n=%d (%.1f s)",
-            i + 1,
-            len(instances),
-            inst.source,
-            inst.name,
-            info["n"],
-            time.perf_counter() - t0,
-        )
+        where = f"{inst.source}/{inst.name}"
+        log.info("[%d/%d] %s n=%d (%.1f s)", i + 1, len(instances), where, info["n"], time.perf_counter() - t0)
     data: dict[str, Any] = {
         "schema_version": 1,
         "app": "lra_bench.approx",
