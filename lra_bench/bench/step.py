@@ -181,11 +181,9 @@ def prepare(
     dropout: str = "packed",
     kernel: str | None = None,
 ) -> Setup:
-    """The faithful training step of `attn` on `task` under `protocol` (see the module docstring), built and stepped
-    once (its FLOPs counted); `extra` are config overrides (e.g. `trainer.precision=bf16-mixed`); `dropout="native"`
-    swaps the network's dropouts for torch's `nn.Dropout` (the change `models.dropout` made, measured); `kernel`
-    sets `model.kernels` and, for an attention that has a compiled core, `attn.kernel` (`kernel_overrides`), and
-    names it in the row."""
+    """The faithful training step of `attn` on `task` under `protocol`, built and stepped once (its FLOPs counted);
+    `extra`: config overrides; `dropout="native"`: torch's `nn.Dropout` (to measure what `models.dropout` changed);
+    `kernel`: the path of `kernel_overrides`, named in the row."""
     cfg = protocol_config(task, attn, protocol, [*kernel_overrides(attn, kernel), *(extra or [])])  # extra wins
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))

@@ -1,11 +1,8 @@
 """`python -m lra_bench.leaderboard DIR... [--out OUTDIR]`: one table from every `results.json` below DIRs.
 
-Prints the main table (`render.print_summary`), then the files it wrote: `leaderboard.md`, the CSVs (groups,
-methods ours and published, `reproduced` verdicts), the per-task and Pareto PNGs; `--wandb` also logs them
-(`wandb_log`). Reads only result records, so it works offline and on a sweep that is still running. Writes into
-`--out` (default `DEFAULT_OUT`, beside the other apps' outputs), never into the dirs it reads: they may be committed
-evidence (`reproductions/`) that a table built from them must leave byte for byte as it was. `build_leaderboard` is
-the same as a function, for the end-of-sweep callback (which names its sweep dir as the output).
+Reads only result records, so it works offline and on a sweep that is still running. Writes into `--out`, never
+into the dirs it reads: they may be committed evidence (`reproductions/`) that a table built from them must leave
+byte for byte as it was. `build_leaderboard` is the same as a function, for the end-of-sweep callback.
 """
 
 from __future__ import annotations
@@ -41,13 +38,7 @@ def _task_plots(rows: list[dict], out: Path) -> list[Path]:
 def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path, plots: bool = True) -> dict:
     """Collect, aggregate and write every output into `out_dir` (no default: nothing is written into the dirs read
     unless a caller asks, as the sweep callback does). Never raises on a bad record: it is listed under `unreadable`.
-
-    Returns the board: paths `markdown`, `csv`, `wide_csv`, `reproduced_csv` and `plots` (the Pareto charts
-    included); `rows` (one per group), `wide` (one per method, ours), `locality` (`locality.best_local_rows`),
-    `published` (same shape) and `published_sources`; `reproductions` (one verdict per published number and matching
-    on-protocol row of ours), `pareto` (`pareto.Chart`s); `failures`, `unreadable`, `superseded`, `evaluations`
-    (evaluated checkpoints, never rows); `n_files`, `dirs` and `wandb` (the runs' W&B project/entity/group).
-    """
+    Returns the board: what every output was made from, and the paths written."""
     if not dirs:
         raise ValueError("build_leaderboard needs at least one directory")
     out = Path(out_dir)
