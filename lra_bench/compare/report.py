@@ -23,8 +23,6 @@ MainTable = tuple[list[str], list[list[str]]]
 SHORT_TEST = {T_TEST: "paired t", MCNEMAR: "McNemar", WELCH: "Welch t", SIGN_FLIP: "sign-flip"}
 #: what the JSON says of each paired seed (`SeedOutcome`'s fields and its McNemar p)
 PER_SEED = ("seed", "acc_a", "acc_b", "n10", "n01", "n", "mcnemar_p")
-#: the JSON's per-run lists of each side (`<key>_a`, `<key>_b`) and the `Efficiency` fields they come from
-TIMED = (("timed_steps", "timed_steps"), ("load_avg_1m", "load"))
 
 
 def task_label(task: str) -> str:
@@ -345,16 +343,22 @@ def _task_json(c: Comparison, t: TaskComparison, alpha: float) -> dict[str, Any]
         "tuned": {"A": c.a.tuning(t.task) is not None, "B": c.b.tuning(t.task) is not None},
         "protocol": {side.name: asdict(side.protocol(t.task)) for side in (c.a, c.b)},
         "efficiency": {
-            **{key: getattr(e, key) for key in ("step_time_a_s", "step_time_b_s", "step_time_ratio")},
+            "step_time_a_s": e.step_time_a_s,
+            "step_time_b_s": e.step_time_b_s,
+            "step_time_ratio": e.step_time_ratio,
             "step_time_ratio_ci": list(e.speed.ci) if e.speed.ci else None,
             "speed_status": e.speed.status,
             "speed_reason": e.speed.reason,
             "faster": e.speed.faster(),
-            **{f"{key}_{side}": list(getattr(e, f"{attr}_{side}")) for key, attr in TIMED for side in "ab"},
+            "timed_steps_a": list(e.timed_steps_a),
+            "timed_steps_b": list(e.timed_steps_b),
+            "load_avg_1m_a": list(e.load_a),
+            "load_avg_1m_b": list(e.load_b),
             "cpu_count": e.cpus,
-            **{
-                key: getattr(e, key) for key in ("peak_memory_a_mib", "peak_memory_b_mib", "memory_ratio", "comparable")
-            },
+            "peak_memory_a_mib": e.peak_memory_a_mib,
+            "peak_memory_b_mib": e.peak_memory_b_mib,
+            "memory_ratio": e.memory_ratio,
+            "comparable": e.comparable,
         },
         "notes": t.notes,
     }
