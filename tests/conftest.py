@@ -39,6 +39,7 @@ def _offline_single_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> I
     torch.set_num_threads(threads)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`make test` runs the tiers on parallel workers (pytest-xdist, `--dist loadgroup`), and a fixture wider than
     a test is made once per worker that needs it. So the tests that use the session's SLURM cluster share one
