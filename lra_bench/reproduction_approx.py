@@ -212,8 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or args.run / APPROX_FILE
     cmd = args.command or " ".join(["python -m lra_bench.reproduction_approx", *(argv or sys.argv[1:])])
-    probe = {key: getattr(args, key) for key in ("sequences", "max_len", "threads", "data_dir")}
-    write(args.run, out, command=cmd, **probe)
+    write(
+        args.run,
+        out,
+        sequences=args.sequences,
+        max_len=args.max_len,
+        threads=args.threads,
+        data_dir=args.data_dir,
+        command=cmd,
+    )
     data = json.loads(out.read_text())
     print(
         f"[approx] {out}: output error {output_error(data)} (mean over {data['evaluations']} sequence×layer×head), "

@@ -122,8 +122,15 @@ def instances_from(source: str, seen: list[list[tuple]], max_len: int, min_len: 
                     continue
                 for h in range(q.shape[1]):
                     tag = f"seq{b}" + (f"/tower{call}" if len(calls) > 1 else "")
-                    qkv = (t[b, h, real].double() for t in (q, k, v))
-                    out.append(Instance(source, f"{tag}/layer{layer}/head{h}", *qkv))
+                    out.append(
+                        Instance(
+                            source=source,
+                            name=f"{tag}/layer{layer}/head{h}",
+                            q=q[b, h, real].double(),
+                            k=k[b, h, real].double(),
+                            v=v[b, h, real].double(),
+                        )
+                    )
     return out
 
 

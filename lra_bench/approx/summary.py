@@ -260,11 +260,20 @@ def verdict_floor(rows: list[dict[str, Any]], claim: dict[str, Any]) -> dict[str
         key = r["label"] if r["group"] == "selector" else f"attn:{r['label']}"
         if key in labels and r.get("target") == "softmax":
             groups[(r["source"], key, solve_of(r))].append(r)
-    table = [
-        {"source": s, "method": k, "solve": v, "pooled_ratio": ratio, "limit": lim, "flagged": f, "n": len(rs)}
-        for (s, k, v), rs in groups.items()
-        for ratio, f, lim in [pooled_ratio(rs)]
-    ]
+    table = []
+    for (source, key, solve), rs in groups.items():
+        ratio, flagged, limit = pooled_ratio(rs)
+        table.append(
+            {
+                "source": source,
+                "method": key,
+                "solve": solve,
+                "pooled_ratio": ratio,
+                "limit": limit,
+                "flagged": flagged,
+                "n": len(rs),
+            }
+        )
     if not table:
         return {"claim": "floor_ratio", "verdict": "not measured", "rows": []}
     parts: list[str] = []

@@ -20,7 +20,7 @@ def profile_spec(spec: dict[str, Any], mode: str, steps: int = 2, top: int = 12)
     module = worker._place(worker.build_module(spec, n), device, dtype)
     tensors = worker.make_inputs(spec, n, device, dtype, int(spec.get("seed", 0)))
     worker.prime(module, tensors)
-    module.train(mode != "forward")
+    worker._set_mode(module, mode)
     worker._call(module, mode, *tensors)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:

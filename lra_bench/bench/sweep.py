@@ -27,8 +27,6 @@ _PRELOAD = [
     "lra_bench.bench.worker",
 ]  # _dynamo: FlopCounterMode
 _CTX: Any = None
-#: the timing settings each configuration's spec carries from the sweep's config, with their types
-TIMING = (("warmup", int), ("max_warmup_s", float), ("repeats", int), ("min_repeats", int), ("max_time_s", float))
 
 
 def _context() -> Any:
@@ -87,16 +85,28 @@ def spec_for(variant: Variant, n: int, cfg: Any, device: torch.device, threads: 
     if variant.m_key is not None:
         params[variant.m_key] = m_value  # resolved: "log2" means ⌈log₂ n⌉ of this n, for every attention
     return {
-        **{key: getattr(variant, key) for key in ("label", "attn", "kind", "selector", "m", "selector_params")},
+        "label": variant.label,
+        "attn": variant.attn,
+        "kind": variant.kind,
+        "selector": variant.selector,
+        "m": variant.m,
         "m_value": m_value,
         "attn_params": params,
-        **{"B": int(cfg.batch_size), "H": int(cfg.num_heads), "d": int(cfg.head_dim), "n": int(n)},
+        "selector_params": variant.selector_params,
+        "B": int(cfg.batch_size),
+        "H": int(cfg.num_heads),
+        "d": int(cfg.head_dim),
+        "n": int(n),
         "device": str(device),
         "dtype": str(cfg.dtype),
         "mask": bool(cfg.mask),
         "pad_fraction": float(cfg.pad_fraction),
         "modes": list(cfg.modes),
-        **{key: cast(cfg[key]) for key, cast in TIMING},
+        "warmup": int(cfg.warmup),
+        "max_warmup_s": float(cfg.max_warmup_s),
+        "repeats": int(cfg.repeats),
+        "min_repeats": int(cfg.min_repeats),
+        "max_time_s": float(cfg.max_time_s),
         "threads": threads,
         "seed": int(cfg.seed),
         "count_flops": bool(cfg.count_flops),

@@ -31,7 +31,12 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return "/".join(part for part in (self.attn, self.selector, None if self.m is None else f"m={self.m}") if part)
+        parts = [self.attn]
+        if self.selector:
+            parts.append(self.selector)
+        if self.m is not None:
+            parts.append(f"m={self.m}")
+        return "/".join(parts)
 
 
 @functools.cache

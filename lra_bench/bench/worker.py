@@ -98,6 +98,10 @@ def _call(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> None:
     out.backward(grad)
 
 
+def _set_mode(module: torch.nn.Module, mode: str) -> None:
+    module.train(mode != "forward")
+
+
 def prime(module: torch.nn.Module, tensors) -> None:
     """One training-mode forward (no grad) at the full size before anything is measured, so that stateful
     modules (those with buffers) start as they would in a trained model (GPA's progressive codebook exists and
@@ -113,7 +117,7 @@ def prime(module: torch.nn.Module, tensors) -> None:
 
 def count_flops(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> int | None:
     """Matmul-type FLOPs PyTorch's FlopCounterMode sees in one call (fused CPU SDPA kernels are invisible to it)."""
-    module.train(mode != "forward")
+    _set_mode(module, mode)
     with FlopCounterMode(display=False) as counter:
         _call(module, mode, q, k, v, mask, grad)
     return int(counter.get_total_flops()) or None
@@ -121,7 +125,7 @@ def count_flops(module: torch.nn.Module, mode: str, q, k, v, mask, grad) -> int 
 
 def time_mode(spec: dict[str, Any], module, mode: str, device: torch.device, tensors) -> dict[str, Any]:
     """Warm-up, then timed repeats; stops early (after `min_repeats`) once `max_time_s` of timed calls is spent."""
-    module.train(mode != "forward")
+    _set_mode(module, mode)
     meter = PeakMemory(device)
     meter.start()
     t0 = time.perf_counter()
@@ -162,7 +166,7 @@ def measure(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if small < n:
             tiny = _place(build_module(spec, small), device, dtype)
             for mode in spec["modes"]:
-                tiny.train(mode != "forward")
+                _set_mode(tiny, mode)
                 _call(tiny, mode, *make_inputs(spec, small, device, dtype, seed))
             del tiny
         tensors = make_inputs(spec, n, device, dtype, seed)

@@ -38,7 +38,12 @@ def _task_plots(rows: list[dict], out: Path) -> list[Path]:
 def build_leaderboard(dirs: Sequence[str | Path], out_dir: str | Path, plots: bool = True) -> dict:
     """Collect, aggregate and write every output into `out_dir` (no default: nothing is written into the dirs read
     unless a caller asks, as the sweep callback does). Never raises on a bad record: it is listed under `unreadable`.
-    Returns the board: what every output was made from, and the paths written."""
+    Returns the board: paths `markdown`, `csv`, `wide_csv`, `reproduced_csv` and `plots` (the Pareto charts
+    included); `rows` (one per group), `wide` (one per method, ours), `locality` (`locality.best_local_rows`),
+    `published` (same shape) and `published_sources`; `reproductions` (one verdict per published number and matching
+    on-protocol row of ours), `pareto` (`pareto.Chart`s); `failures`, `unreadable`, `superseded`, `evaluations`
+    (evaluated checkpoints, never rows); `n_files`, `dirs` and `wandb` (the runs' W&B project/entity/group).
+    """
     if not dirs:
         raise ValueError("build_leaderboard needs at least one directory")
     out = Path(out_dir)

@@ -16,7 +16,14 @@ PUBLISHED_PATH = Path(__file__).with_name("published.json")
 # Canonical task keys, in the LRA paper's column order; the first five make the 5-task average.
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 FIVE_TASKS = TASKS[:5]
-TASK_LABELS = dict(zip(TASKS, ("ListOps", "Text", "Retrieval", "Image", "Pathfinder", "Path-X")))
+TASK_LABELS = {
+    "listops": "ListOps",
+    "text": "Text",
+    "retrieval": "Retrieval",
+    "image": "Image",
+    "pathfinder": "Pathfinder",
+    "pathx": "Path-X",
+}
 # Path-X failure (or no run) counts as chance in the 6-task convention of S4/Mega.
 PATHX_FAIL_SCORE = 50.0
 

@@ -32,7 +32,9 @@ def study(settings: Settings, argv: list[str]) -> dict[str, Any]:
         "app": "lra_bench.locality",
         "command": public_command(argv),
         "settings": {
-            **{key: list(getattr(settings, key)) for key in ("windows", "methods", "seeds")},
+            "windows": list(settings.windows),
+            "methods": list(settings.methods),
+            "seeds": list(settings.seeds),
             "run_overrides": shown(settings.run_overrides),
         },
         "uptime_before": uptime(),

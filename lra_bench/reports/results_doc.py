@@ -210,11 +210,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--approx", type=Path, help="an approx run dir (holds approx.json)")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     for flag, what in (
-        ("--spt", "an spt_study dir (spt_study.json"),
-        ("--locality", "a locality study dir (locality.json"),
-        ("--step", "a training-step measurement (JSON with title, command, rows"),
+        ("--spt", "an spt_study dir (spt_study.json; repeatable); alone: only that section"),
+        ("--locality", "a locality study dir (locality.json; repeatable); alone: only that section"),
+        (
+            "--step",
+            "a training-step measurement (JSON with title, command, rows; repeatable); alone: only that section",
+        ),
     ):
-        parser.add_argument(flag, type=Path, action="append", help=f"{what}; repeatable); alone: only that section")
+        parser.add_argument(flag, type=Path, action="append", help=what)
     return parser.parse_args(argv)
 
 
