@@ -85,6 +85,19 @@ def test_the_kernel_paths_are_timed_round_robin_in_one_process() -> None:
     assert rows[0].flops_step == rows[1].flops_step and rows[0].load_1m == rows[1].load_1m
 
 
+def test_a_compiled_core_is_charged_the_work_of_its_eager_form() -> None:
+    """The FLOP counter cannot see the products inside a compiled core (polynomial attention's blocked features and
+    their matmuls): a fused row's limit is its eager form's FLOPs, so the two paths' `step / limit` divide the same
+    work."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fused, eager = (bench_step.prepare("listops", "polynomial", extra=SMALL, kernel=k) for k in ("fused", "eager"))
+    assert fused.flops == eager.flops
+    with FlopCounterMode(display=False) as counter:
+        fused.step(1)
+    assert bench_step.counted_flops(counter.get_flop_counts()["Global"]) < fused.flops  # what the fused path shows
+
+
 @pytest.mark.slow
 def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "step.json"

@@ -191,7 +191,9 @@ def test_pivoted_attention_is_the_same_on_both_kernels() -> None:
 
 def test_polynomial_features_match_the_torch_form() -> None:
     """The compiled degree-2 features: forward bit-identical to the torch form (the same products in the same order),
-    gradients at rounding level against it, torch's gradcheck in fp64, and the whole attention on both kernels."""
+    gradients at rounding level against it, torch's gradcheck in fp64 (the features, and the blocked core over 70
+    rows: a whole block of 64 and a part one), and the whole attention on both kernels (n = 300: four whole blocks
+    and one of 44 rows), its fused form keeping no `[n, F]` tensor for the backward."""
     from lra_bench.registry import build_attention
     from models.kernels import polynomial_features
 
@@ -205,13 +207,26 @@ def test_polynomial_features_match_the_torch_form() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     small = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(polynomial_features.DegreeTwoFeatures.apply, (small,))
+    gen = torch.Generator().manual_seed(6)
+    core = [torch.randn(2, 70, c, dtype=torch.float64, generator=gen, requires_grad=True) for c in (5, 5, 4)]
+    assert torch.autograd.gradcheck(polynomial_features.DegreeTwoAttention.apply, tuple(core))
     q, k, v, keys = inputs(torch.float32)
-    outputs = []
+    outputs, kept = [], []
     for attention in (fused, eager):
-        out = attention.train()(q, k, v, keys)
+        sizes: list[int] = []
+
+        def keep(t: torch.Tensor, sizes: list[int] = sizes) -> torch.Tensor:
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            out = attention.train()(q, k, v, keys)
+        kept.append(max(sizes))
         outputs.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
     for a, b in zip(*outputs):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    rows = q.shape[:-1].numel()  # b·h·n
+    assert kept == [rows * (16 + 1), rows * 16 * 17 // 2], "fused: nothing larger than [V | 1] kept; eager: φ"
 
 
 def _load_in_a_fresh_process(name: str, checkout: Path) -> subprocess.CompletedProcess[str]:

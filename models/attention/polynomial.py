@@ -11,8 +11,9 @@ as φ(Q) (φ(K)ᵀ [V | 1]) with the symmetric-tensor features φ(x)_α = √(p!
 multisets α of size p — C(d+p−1, p) features (528 for d = 32, p = 2), C(d+p, p) inhomogeneous (one extra
 coordinate 1). Cost O(N·F·D): cheaper than softmax whenever F < N. The degree must be even so that the
 normaliser is positive; `bias` (PolySketchFormer's 1.0) keeps rows whose weights all vanish finite. Padded
-keys are removed by masking φ(K) rows (needed for the inhomogeneous map, where φ(0) ≠ 0). The whole core
-runs in fp32: x^p overflows half precision quickly. Degrees above 2 warn about the feature count.
+keys are removed by zeroing their rows of [V | 1] (needed for the inhomogeneous map, where φ(0) ≠ 0). The whole
+core runs in fp32: x^p overflows half precision quickly. Degrees above 2 warn about the feature count. On a CPU,
+degree 2 runs on a compiled core (`models.kernels.polynomial_features`) that never makes an [n, F] tensor.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class PolynomialConfig:
     kind: str = "homogeneous"  # homogeneous ⟨q,k⟩^p | inhomogeneous (1 + ⟨q,k⟩)^p
     bias: float = 1.0  # added to the normaliser
     qk_norm: bool = False  # l2-normalise q and k first (bounded entries, |x| ≤ 1/√d)
-    kernel: str = "fused"  # fused (CPU, degree 2: the features in one compiled pass per row) | eager
+    kernel: str = "fused"  # fused (CPU, degree 2: the features and the core compiled, blocked in cache) | eager
 
 
 def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,13 +107,22 @@ class PolynomialAttention(Attention):
         """The rank of the implied matrix is at most the feature count (diagnostics' Eckart–Young m)."""
         return min(self.num_features, seq_len)
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """φ(x) `[..., F]` for `x [..., D]` (fp32), after the d^(-1/4) scaling (and the 1 coordinate)."""
+    def scaled(self, x: torch.Tensor) -> torch.Tensor:
+        """`x [..., D]` as the features take it: l2-normalised under `qk_norm`, scaled by d^(-1/4), and with the
+        leading 1 coordinate of the inhomogeneous map."""
         if self.qk_norm:
             x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
         x = x * x.shape[-1] ** -0.25
         if self.kind == "inhomogeneous":
             x = torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
+        return x
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """φ(x) `[..., F]` for `x [..., D]` (fp32), after the d^(-1/4) scaling (and the 1 coordinate)."""
+        return self.lifted(self.scaled(x))
+
+    def lifted(self, x: torch.Tensor) -> torch.Tensor:
+        """φ of an already `scaled` x."""
         if self.degree == 2 and self._fused(x):  # the same features, one compiled pass per row
             return polynomial_features.DegreeTwoFeatures.apply(x)
         if self.degree == 2:  # the same features, faster on CPU: [x_i², √2·x_i·x_j (i < j)] from one outer product
@@ -138,9 +148,17 @@ class PolynomialAttention(Attention):
 
     def forward(self, q, k, v, mask):
         with fp32_core(q.device):
-            phi_q, phi_k = self._factors(q, k, mask)
-            ones = torch.ones_like(v[..., :1], dtype=torch.float32)
-            both = phi_q @ (phi_k.transpose(-1, -2) @ torch.cat([v.float(), ones], dim=-1))
+            xq, xk = self.scaled(q.float()), self.scaled(k.float())
+            values = torch.cat([v.float(), torch.ones_like(v[..., :1], dtype=torch.float32)], dim=-1)
+            if mask is not None:  # padded keys drop out through [V | 1]: F (528) times cheaper than masking φ(K)
+                values = values * mask[:, None, :, None].to(values.dtype)
+            if self.degree == 2 and self._fused(xq):  # the same product, the features' gradients never written out
+                both = polynomial_features.DegreeTwoAttention.apply(xq, xk, values)
+            else:
+                # [V | 1]ᵀ φ(K), [D+1, F], rather than φ(K)ᵀ [V | 1]: the gradient of φ(K) then comes out in its
+                # own row-major layout (no transposing copy of an [n, F] tensor), and likewise φ(Q)'s below
+                summary = values.transpose(-1, -2) @ self.lifted(xk)
+                both = self.lifted(xq) @ summary.transpose(-1, -2)
             out = both[..., :-1] / (self.bias + both[..., -1:]).clamp_min(1e-30)
         return out.to(v.dtype)
 

@@ -1,5 +1,6 @@
-"""The degree-2 symmetric tensor features of polynomial attention, one pass per row forward and backward (the
-compiled kernel `polynomial_features.cpp`; its header says why and what it computes)."""
+"""The degree-2 symmetric tensor features of polynomial attention, one pass per row forward and backward, and the
+attention's core on them blocked in cache (the compiled kernel `polynomial_features.cpp`; its header says why and
+what it computes)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,34 @@ class DegreeTwoFeatures(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (rows,) = ctx.saved_tensors
         return built().backward(grad.reshape(rows.shape[0], -1).contiguous(), rows).view(ctx.shape)
+
+
+def _groups(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """`[..., n, k]` tensors as the kernel's contiguous `[G, n, k]` (G: the leading dims, batch × heads)."""
+    return [t.reshape(-1, *t.shape[-2:]).contiguous() for t in tensors]
+
+
+class DegreeTwoAttention(torch.autograd.Function):
+    """`φ(xq) (wᵀ φ(xk))ᵀ`, `[..., n, C]`, for `xq, xk [..., n, D]` and `w [..., n, C]` (polynomial attention's
+    `[V | 1]`, padded keys zeroed), with no `[..., n, F]` tensor made: the compiled `summary`, `apply` and
+    `backward_through` lift 64 rows at a time in cache (the kernel's header says why); φ is recomputed in the
+    backward, so only the inputs and the `[C, F]` summary are kept for it."""
+
+    @staticmethod
+    def forward(ctx: Any, xq: torch.Tensor, xk: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        queries, keys, values = _groups(xq, xk, w)
+        summary = built().summary(keys, values)  # [G, C, F]
+        ctx.save_for_backward(queries, keys, values, summary)
+        ctx.shapes = xq.shape, xk.shape, w.shape
+        return built().apply(queries, summary).view(*xq.shape[:-1], w.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        queries, keys, values, summary = ctx.saved_tensors
+        (grad,) = _groups(grad)
+        grad_summary = built().summary(queries, grad)  # Gᵀ φ(Q)
+        grad_q = built().backward_through(queries, grad, summary)  # φ's gradient G S, folded
+        grad_k = built().backward_through(keys, values, grad_summary)  # φ's gradient W dS, folded
+        grad_w = built().apply(keys, grad_summary)  # φ(K) dSᵀ
+        q_shape, k_shape, w_shape = ctx.shapes
+        return grad_q.view(q_shape), grad_k.view(k_shape), grad_w.view(w_shape)
