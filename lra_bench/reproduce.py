@@ -1,9 +1,10 @@
 """`make reproduce TASK=listops ATTN=nystrom SEED=0`: one faithful run of a protocol, kept as evidence in the repo.
 
-The run is the protocol's own config with nothing but logistics overridden, started as an ordinary `python run.py`
-process, so it is exactly what any user's `python run.py task=<t> attn=<a> protocol=<p> seed=<s>` computes, and its
-record says whether it is on-protocol. It trains in `outputs/reproductions/<protocol>/<task>/<attn>/seed-<s>/`; what
-re-checking its number needs goes to `reproductions/<protocol>/<task>/<attn>/seed-<s>/`:
+The run is the protocol's own config with nothing but logistics and the round's kernel path (`KERNELS`) given,
+started as an ordinary `python run.py` process, so it is exactly what any user's `python run.py task=<t> attn=<a>
+protocol=<p> seed=<s> model.kernels=eager` computes, and its record says whether it is on-protocol. It trains in
+`outputs/reproductions/<protocol>/<task>/<attn>/seed-<s>/`; what re-checking its number needs goes to
+`reproductions/<protocol>/<task>/<attn>/seed-<s>/`:
 
 * while it runs (every `--snapshot-every-s` seconds, and when it stops): `in-progress/`, the small files and the
   last and best-val checkpoints — committed, a later `make reproduce` restores it and resumes bit-identically, on
@@ -45,6 +46,12 @@ def evidence_dir(protocol: str, task: str, attn: str, seed: int, root: Path = EV
     return root / protocol / task / attn / f"seed-{seed}"
 
 
+#: the encoder's kernel path of the table's runs: every seed of a round on one path, so its rows' step times and
+#: seeds compare and the runs in progress resume as they began (a run's default, `auto`, is the compiled chain on a
+#: CPU). The next round may change it; its runs are then other experiments (`model.kernels` is in their identity).
+KERNELS = "eager"
+
+
 def run_dir(protocol: str, task: str, attn: str, seed: int, work: Path = WORK_ROOT) -> Path:
     """Where run.py puts the run: `<output_root>/<task>/<attn>/<run_name>` with the arguments `command` gives."""
     return work / protocol / task / attn / f"seed-{seed}"
@@ -55,7 +62,7 @@ def command(
 ) -> list[str]:
     """`python run.py` with the protocol's config: the method and seed, then logistics only (`extra`, empty for a
     reproduction, is for trials: any change there is recorded as off-protocol)."""
-    method = [f"task={task}", f"attn={attn}", f"protocol={protocol}", f"seed={seed}"]
+    method = [f"task={task}", f"attn={attn}", f"protocol={protocol}", f"seed={seed}", f"model.kernels={KERNELS}"]
     where = [f"data_dir={data_dir}", f"output_root={work / protocol}", f"run_name=seed-{seed}", f"threads={threads}"]
     quiet = ["logger=csv", "callbacks.progress_bar=status", "print_config=false"]
     return [sys.executable, str(REPO / "run.py"), *method, *where, *quiet, *extra]

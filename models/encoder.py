@@ -7,7 +7,8 @@ its own instance (selectors may hold per-layer state, e.g. GPA's codebook).
 `kernels` (`model.kernels`) chooses how the chain around the matmuls runs: `eager` one torch operator at a time,
 `fused` through the compiled kernel `models.kernels.fused_encoder` (on a CPU, in fp32/fp64, outside autocast, where it
 is built; elsewhere the eager form): the same parameters, the same arithmetic at fp32 rounding, the dropout masks
-from the kernel's own seeded stream.
+from the kernel's own seeded stream. `auto` (the default) is `fused` where the kernel runs and `eager` elsewhere,
+without a word: a run settles it (`kernels_that_run`) and records the path it took.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from models.kernels import fused_encoder
 
 POOLINGS = ("mean", "mean_legacy", "cls")
 #: the values of `model.kernels`
-KERNELS = ("fused", "eager")
+KERNELS = ("auto", "fused", "eager")
 #: what a config without `model.kernels` ran (written before the key existed): its checkpoints rebuild as they ran
 UNSET_KERNELS = "eager"
 
@@ -38,24 +39,25 @@ def kernels_that_run(kernels: str, device: str, precision: str) -> tuple[str, st
     """The `model.kernels` a run on `device` (`cpu`, `cuda`, …) at trainer precision `precision` computes with, and
     why, where that is not `kernels`. Why at configuration time: the per-call test (`fused`) runs the eager chain
     wherever the kernel does not apply, so a run asked for `fused` on a GPU, under autocast, or without a compiler
-    would compute eager yet be recorded (and fingerprinted, and ranked) as fused."""
-    if kernels != "fused":
+    would compute eager yet be recorded (and fingerprinted, and ranked) as fused. `auto` is whichever runs, and
+    needs no why: it asked for nothing more."""
+    if kernels not in ("fused", "auto"):
         return kernels, None
+    why = None
     if device != "cpu":
-        return "eager", f"the fused chain is a CPU kernel and this run is on {device}"
-    if str(precision) not in FUSED_PRECISIONS:
-        return (
-            "eager",
-            f"trainer.precision={precision} is not fp32 or fp64 outside autocast, all the kernel takes",
-        )
-    if fused_encoder.kernel() is None:
-        return "eager", "the kernel could not be built on this machine"
-    return "fused", None
+        why = f"the fused chain is a CPU kernel and this run is on {device}"
+    elif str(precision) not in FUSED_PRECISIONS:
+        why = f"trainer.precision={precision} is not fp32 or fp64 outside autocast, all the kernel takes"
+    elif fused_encoder.kernel() is None:
+        why = "the kernel could not be built on this machine"
+    if why is None:
+        return "fused", None
+    return "eager", why if kernels == "fused" else None
 
 
 def fused(kernels: str, x: torch.Tensor) -> bool:
     """Whether a module with `model.kernels=kernels` runs `x`'s chain through the compiled kernel."""
-    return kernels == "fused" and fused_encoder.applies(x)
+    return kernels in ("fused", "auto") and fused_encoder.applies(x)
 
 
 def active_p(dropout: nn.Dropout) -> float:

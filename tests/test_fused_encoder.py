@@ -283,7 +283,7 @@ def test_an_unknown_kernels_value_is_refused_in_one_line() -> None:
 
     with pytest.raises(ValueError, match="model.kernels='flash'"):
         network("flash")
-    with pytest.raises(ConfigError, match="model.kernels='flash': expected one of fused, eager"):
+    with pytest.raises(ConfigError, match="model.kernels='flash': expected one of auto, fused, eager"):
         check_choices(compose(["model.kernels=flash"]))
 
 
@@ -316,9 +316,10 @@ def test_the_kernels_are_in_the_identity_but_not_in_the_architecture_or_the_prot
 
 def test_a_run_made_before_the_choice_keeps_its_fingerprint_on_the_eager_path() -> None:
     """Committed evidence from before `model.kernels` existed (spectral's faithful seed 0) is the experiment today's
-    eager config makes, fingerprint and all, whether the config names the choice or takes its default: an
-    in-progress snapshot of it resumes into its folder (`rundir.check_same_experiment` compares fingerprints),
-    and its seeds stay one leaderboard row."""
+    eager config makes, fingerprint and all — the config `make reproduce` runs, which names the table's path
+    (`reproduce.KERNELS`) whatever a run's default is: an in-progress snapshot of it resumes into its folder
+    (`rundir.check_same_experiment` compares fingerprints), and its seeds stay one leaderboard row."""
+    from lra_bench import reproduce
     from lra_bench.config.compose import compose_config
     from lra_bench.config.conformance import derive_run_keys
     from lra_bench.kit.plain import plain_dict
@@ -335,12 +336,13 @@ def test_a_run_made_before_the_choice_keeps_its_fingerprint_on_the_eager_path() 
     assert KERNEL_BASELINES == {"model.kernels": UNSET_KERNELS}
     stored = json.loads((REPO / "reproductions/nystromformer/listops/spectral/seed-0/identity.json").read_text())
     data = {k: v for k, v in stored["identity"].items() if under(k, (*DATA_KEYS, *LEGACY_DATA_KEYS))}
+    command = reproduce.command("nystromformer", "listops", "spectral", 0, "data", 1, Path("w"), [])
+    assert "model.kernels=eager" in command
     protocol = ["task=listops", "protocol=nystromformer", "attn=spectral", "selector=uniform", "~local"]
-    for named in ([], ["model.kernels=eager"]):
-        cfg = compose_config([*protocol, *named])
-        derive_run_keys(cfg)
-        today = {**config_identity(plain_dict(cfg)), **data}
-        assert today == stored["identity"] and fingerprint(today) == stored["fingerprint"]
+    cfg = compose_config([*protocol, "model.kernels=eager"])
+    derive_run_keys(cfg)
+    today = {**config_identity(plain_dict(cfg)), **data}
+    assert today == stored["identity"] and fingerprint(today) == stored["fingerprint"]
 
 
 @pytest.mark.slow
@@ -378,6 +380,19 @@ def test_fused_asked_where_it_cannot_run_is_recorded_as_the_eager_path_that_ran(
     assert [s["kernels"] for s in asked["run"]["segments"]] == [{"model.kernels": "eager"}]
 
 
+def test_the_default_takes_the_compiled_chain_where_it_runs_and_records_it(tmp_path: Path) -> None:
+    """`model.kernels=auto`, the default: on a CPU in fp32 the run trains on the fused chain without a word, and its
+    record, identity and segments name `fused` — the experiment `model.kernels=fused` makes."""
+    from lra_bench.record.identity import identity_of
+
+    args = [*TINY_LISTOPS, "attn=nystrom", "trainer.max_steps=2"]
+    proc = run_cli([*args, "run_name=default"], tmp_path)
+    assert "model.kernels" not in proc.stderr
+    record = run_record(tmp_path / "outputs" / "listops" / "nystrom" / "default")
+    assert record["config"]["model"]["kernels"] == "fused" and identity_of(record)["model.kernels"] == "fused"
+    assert [s["kernels"] for s in record["run"]["segments"]] == [{"model.kernels": "fused"}]
+
+
 def test_the_path_a_run_computes_on_is_settled_from_its_device_precision_and_build(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -387,5 +402,9 @@ def test_the_path_a_run_computes_on_is_settled_from_its_device_precision_and_bui
     assert kernels_that_run("eager", "cuda", "bf16-mixed") == ("eager", None)
     assert kernels_that_run("fused", "cuda", "32-true")[0] == "eager"
     assert kernels_that_run("fused", "cpu", "bf16-true")[0] == "eager"
+    assert kernels_that_run("auto", "cpu", "32-true") == ("fused", None)
+    assert kernels_that_run("auto", "cuda", "32-true") == ("eager", None)  # asked for nothing more: no line
+    assert kernels_that_run("auto", "cpu", "bf16-mixed") == ("eager", None)
     monkeypatch.setattr(fused_encoder, "kernel", lambda: None)  # a machine without a compiler
     assert kernels_that_run("fused", "cpu", "32-true") == ("eager", "the kernel could not be built on this machine")
+    assert kernels_that_run("auto", "cpu", "32-true") == ("eager", None)

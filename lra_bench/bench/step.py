@@ -217,7 +217,7 @@ def prepare(
         step(0)
     label = attn + (f" ({dropout} dropout)" if dropout != "packed" else "") + (f" ({kernel} kernels)" * bool(kernel))
     flops = counted_flops(counter.get_flop_counts()["Global"])
-    if kernel == "fused":  # a compiled core's products are hidden from the counter: every path's work is the eager's
+    if kernel != "eager":  # a compiled core's products are hidden from the counter: every path's work is the eager's
         flops = prepare(task, attn, protocol, extra, device, dropout, "eager").flops
     return Setup(label, task, protocol, cfg, device, precision, batch_size, flops, step, evaluate)
 

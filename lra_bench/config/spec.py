@@ -9,7 +9,7 @@ before it writes is decided here, in this order, and the stages read the result:
 2. the derived keys (`derive_run_keys`: `pretraining`, `pretraining_fingerprint`; a `pretrained=` source located
    and checked against this network);
 3. the encoder's kernel path (`model.kernels=fused` where it cannot run becomes the eager path that will, said
-   in one line), so the record, identity and fingerprint name what really runs;
+   in one line; `auto` becomes whichever runs), so the record, identity and fingerprint name what really runs;
 4. the launcher (a ddp script launcher inside a multirun is refused) and the run dir (writable);
 5. what the run is: its record as the config alone determines it (`new_record`: the resolved config, the rank
    budget, the stage and the pretraining it starts from), the config part of its identity, and how it deviates
@@ -100,17 +100,18 @@ def settle(cfg: DictConfig, output_dir: Path) -> RunSpec:
 
 def settle_kernels(cfg: DictConfig) -> None:
     """Set `model.kernels` to the path the run will compute on (`models.encoder.kernels_that_run`), saying so in one
-    line where it is not the one asked for, so the record, identity and fingerprint name what really ran."""
+    line where it is not the one asked for (`auto` asks for none), so the record, identity and fingerprint name
+    what really ran."""
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     # `auto` is the CPU only where Lightning finds no accelerator: neither CUDA nor Apple's MPS
     found = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = {"gpu": "cuda", "auto": found}.get(accelerator, accelerator)
     asked = str(cfg.model.get("kernels", UNSET_KERNELS))
     runs, why = kernels_that_run(asked, device, str(cfg.trainer.get("precision", "32-true")))
-    if runs != asked:
+    if runs != asked:  # `auto` becomes the path it is, without a word
         cfg.model.kernels = runs
-        if getattr(rank_zero_only, "rank", 0) == 0:
-            print(f"[lra-bench] model.kernels={asked} runs as {runs}: {why}; recorded as {runs}", file=sys.stderr)
+    if why and getattr(rank_zero_only, "rank", 0) == 0:
+        print(f"[lra-bench] model.kernels={asked} runs as {runs}: {why}; recorded as {runs}", file=sys.stderr)
 
 
 def check_launch(cfg: DictConfig) -> None:
