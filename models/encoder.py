@@ -89,7 +89,12 @@ class MultiHeadAttention(nn.Module):
         q, k, v = qkv.unbind(0)  # (indexing qkv[i] would zero-fill a whole [3, …] gradient per projection)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, unbiased: bool = False) -> torch.Tensor:
+        """The block's attention sublayer on `x [B, N, dim]`. `unbiased=True` is the fused path's form
+        (`unbiased_output`), asked for through the module call all the same, so that a forward hook (the
+        diagnostics probe's) sees the sublayer's input on either path."""
+        if unbiased:
+            return self.unbiased_output(x, mask)
         q, k, v = self.project(x)
         if mask is not None:
             v = v * mask[:, None, :, None].to(v.dtype)
@@ -138,7 +143,7 @@ class Block(nn.Module):
             cast(nn.Dropout, self.ffn[4]),
         )
         x = fused_encoder.bias_dropout_add(
-            x, attn.unbiased_output(self.norm1(x), mask), attn.out.bias, active_p(attn.dropout)
+            x, attn(self.norm1(x), mask, unbiased=True), attn.out.bias, active_p(attn.dropout)
         )
         h = fused_encoder.bias_gelu_dropout(F.linear(self.norm2(x), fc1.weight), fc1.bias, active_p(drop1))
         return fused_encoder.bias_dropout_add(x, F.linear(h, fc2.weight), fc2.bias, active_p(drop2))

@@ -12,6 +12,7 @@ folder is refused with its holder's PID, before any record is written).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from lra_bench import runtime
 from lra_bench.config import stages
-from lra_bench.config.spec import settle
+from lra_bench.config.spec import settle, settle_kernels
 from lra_bench.run.evaluation import evaluate
 from lra_bench.run.rundir import RunDirLock
 from lra_bench.run.train import train
@@ -29,6 +30,8 @@ from lra_bench.run.train import train
 def run_stage(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Run the stage `cfg` asks for in `output_dir`; return its result record (also in `results.json`)."""
     if cfg.get("stage") == "spt":
+        cfg = copy.deepcopy(cfg)  # the caller's config is left as given
+        settle_kernels(cfg)  # `auto` as both stages will run it: a completed pretraining is then recognised as one
         record: dict[str, Any] = {}
         for stage_cfg, stage_dir in stages.plan(cfg, output_dir):
             record = run_stage(stage_cfg, stage_dir)
