@@ -73,6 +73,20 @@ void lift_block(const at::Tensor& x, int64_t g, int64_t row, const at::Tensor& b
 
 int64_t features_of(const at::Tensor& x) { return x.size(-1) * (x.size(-1) + 1) / 2; }
 
+// fn(g, row, block) for every block of up to kBlock rows of each of `groups` groups of n rows, in parallel; `block`
+// is this thread's buffer, [rows, f]
+template <typename Fn>
+void each_block(int64_t groups, int64_t n, int64_t f, const at::TensorOptions& options, const Fn& fn) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
+    auto buffer = at::empty({kBlock, f}, options);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = i / blocks, row = (i % blocks) * kBlock;
+      fn(g, row, buffer.narrow(0, 0, std::min(kBlock, n - row)));
+    }
+  });
+}
+
 void check_rows(const at::Tensor& x, const at::Tensor& a, const char* a_name) {
   TORCH_CHECK(x.dim() == 3 && a.dim() == 3 && a.size(0) == x.size(0) && a.size(1) == x.size(1), "x must be [G, n, D] and ",
               a_name, " [G, n, C]");
@@ -142,18 +156,13 @@ at::Tensor summary(const at::Tensor& x, const at::Tensor& w) {
 at::Tensor apply(const at::Tensor& x, const at::Tensor& s) {
   check({{&x, "x"}, {&s, "s"}});
   check_summary(x, s);
-  const int64_t groups = x.size(0), n = x.size(1), f = features_of(x), blocks = (n + kBlock - 1) / kBlock;
+  const int64_t groups = x.size(0), n = x.size(1);
   auto out = at::empty({groups, n, s.size(1)}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "polynomial_apply", [&] {
-    at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
-      auto buffer = at::empty({kBlock, f}, x.options());
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t g = i / blocks, row = (i % blocks) * kBlock, rows = std::min(kBlock, n - row);
-        auto block = buffer.narrow(0, 0, rows);
-        lift_block<scalar_t>(x, g, row, block);
-        auto target = out[g].narrow(0, row, rows);
-        at::mm_out(target, block, s[g].t());
-      }
+    each_block(groups, n, features_of(x), x.options(), [&](int64_t g, int64_t row, const at::Tensor& block) {
+      lift_block<scalar_t>(x, g, row, block);
+      auto target = out[g].narrow(0, row, block.size(0));
+      at::mm_out(target, block, s[g].t());
     });
   });
   return out;
@@ -165,20 +174,15 @@ at::Tensor backward_through(const at::Tensor& x, const at::Tensor& a, const at::
   check_rows(x, a, "a");
   check_summary(x, s);
   const int64_t groups = x.size(0), n = x.size(1), d = x.size(2), f = features_of(x);
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
   auto dx = at::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "polynomial_backward_through", [&] {
-    at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
-      auto buffer = at::empty({kBlock, f}, x.options());
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t g = i / blocks, row = (i % blocks) * kBlock, rows = std::min(kBlock, n - row);
-        auto grad = buffer.narrow(0, 0, rows);
-        at::mm_out(grad, a[g].narrow(0, row, rows), s[g]);
-        const scalar_t* xr = x.data_ptr<scalar_t>() + (g * n + row) * d;
-        const scalar_t* gr = grad.data_ptr<scalar_t>();
-        scalar_t* out = dx.data_ptr<scalar_t>() + (g * n + row) * d;
-        for (int64_t r = 0; r < rows; ++r) fold_row(xr + r * d, gr + r * f, out + r * d, d);
-      }
+    each_block(groups, n, f, x.options(), [&](int64_t g, int64_t row, const at::Tensor& block) {
+      auto grad = block;  // the block's feature gradients, a s
+      at::mm_out(grad, a[g].narrow(0, row, block.size(0)), s[g]);
+      const scalar_t* xr = x.data_ptr<scalar_t>() + (g * n + row) * d;
+      const scalar_t* gr = grad.data_ptr<scalar_t>();
+      scalar_t* out = dx.data_ptr<scalar_t>() + (g * n + row) * d;
+      for (int64_t r = 0; r < block.size(0); ++r) fold_row(xr + r * d, gr + r * f, out + r * d, d);
     });
   });
   return dx;
