@@ -27,6 +27,8 @@ from models.kernels import fused_encoder
 POOLINGS = ("mean", "mean_legacy", "cls")
 #: the values of `model.kernels`
 KERNELS = ("auto", "fused", "eager")
+#: those that take the compiled chain wherever it runs
+COMPILED = ("auto", "fused")
 #: what a config without `model.kernels` ran (written before the key existed): its checkpoints rebuild as they ran
 UNSET_KERNELS = "eager"
 
@@ -41,7 +43,7 @@ def kernels_that_run(kernels: str, device: str, precision: str) -> tuple[str, st
     wherever the kernel does not apply, so a run asked for `fused` on a GPU, under autocast, or without a compiler
     would compute eager yet be recorded (and fingerprinted, and ranked) as fused. `auto` is whichever runs, and
     needs no why: it asked for nothing more."""
-    if kernels not in ("fused", "auto"):
+    if kernels not in COMPILED:
         return kernels, None
     why = None
     if device != "cpu":
@@ -57,7 +59,7 @@ def kernels_that_run(kernels: str, device: str, precision: str) -> tuple[str, st
 
 def fused(kernels: str, x: torch.Tensor) -> bool:
     """Whether a module with `model.kernels=kernels` runs `x`'s chain through the compiled kernel."""
-    return kernels in ("fused", "auto") and fused_encoder.applies(x)
+    return kernels in COMPILED and fused_encoder.applies(x)
 
 
 def active_p(dropout: nn.Dropout) -> float:
