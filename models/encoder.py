@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.attention.base import Attention
@@ -109,9 +108,11 @@ class MultiHeadAttention(nn.Module):
     def unbiased_output(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The fused path's `forward` up to the output projection's bias (the caller adds it with the dropout and
         the residual in one pass): the qkv bias and v's mask in the head split, the context's mask in the merge."""
-        q, k, v = fused_encoder.split_heads(F.linear(x, self.qkv.weight), self.qkv.bias, mask, self.num_heads)
+        q, k, v = fused_encoder.split_heads(
+            fused_encoder.product(x, self.qkv.weight), self.qkv.bias, mask, self.num_heads
+        )
         ctx = self.attention(q, k, v, mask)
-        return F.linear(fused_encoder.merge_heads(ctx, mask), self.out.weight)
+        return fused_encoder.product(fused_encoder.merge_heads(ctx, mask), self.out.weight)
 
 
 class Block(nn.Module):
@@ -147,8 +148,8 @@ class Block(nn.Module):
         x = fused_encoder.bias_dropout_add(
             x, attn(self.norm1(x), mask, unbiased=True), attn.out.bias, active_p(attn.dropout)
         )
-        h = fused_encoder.bias_gelu_dropout(F.linear(self.norm2(x), fc1.weight), fc1.bias, active_p(drop1))
-        return fused_encoder.bias_dropout_add(x, F.linear(h, fc2.weight), fc2.bias, active_p(drop2))
+        h = fused_encoder.bias_gelu_dropout(fused_encoder.product(self.norm2(x), fc1.weight), fc1.bias, active_p(drop1))
+        return fused_encoder.bias_dropout_add(x, fused_encoder.product(h, fc2.weight), fc2.bias, active_p(drop2))
 
 
 def pool(x: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:

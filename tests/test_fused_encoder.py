@@ -165,6 +165,7 @@ THREAD_CASES: dict[str, tuple[list[tuple[int, ...]], Any]] = {
         lambda h, b: (fused_encoder.BiasGeluDropout.apply(h, b, 0.1, SEED),),
     ),
     "head split": ([(2, 2048, 192), (192,)], _big_split),
+    "linear product (oneDNN)": ([(2, 2048, 64), (192, 64)], lambda x, w: (fused_encoder.product(x, w),)),
 }
 
 
@@ -186,6 +187,25 @@ def test_the_results_do_not_depend_on_the_thread_count(case: str) -> None:
         torch.set_num_threads(threads)
     for one, two in zip(*results, strict=True):
         assert torch.equal(one, two)
+
+
+@pytest.mark.skipif(not fused_encoder.onednn_products(), reason="this torch has no oneDNN fp32 linear")
+@pytest.mark.parametrize(("rows", "k", "f"), [(2 * 2048, 64, 192), (2 * 2048, 128, 64), (37, 10, 7)])
+def test_the_linear_products_are_onednns_and_match_torchs_with_their_gradients(rows: int, k: int, f: int) -> None:
+    """The fused path's unbiased linear layers (`fused_encoder.product`): oneDNN's matmul is what runs, forward and
+    for the input gradient, and values and both gradients agree with `F.linear` at fp32 rounding (the faithful
+    widths and a ragged one)."""
+    x, weight = leaves(torch.float32, (2, rows // 2, k), (f, k))
+    with torch.profiler.profile() as prof:
+        ours = fused_encoder.product(x, weight)
+        upstream = torch.randn(ours.shape, generator=torch.Generator().manual_seed(4))
+        grads = torch.autograd.grad(ours, [x, weight], upstream)
+    calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+    assert calls == 2  # the product and the input gradient's
+    oracle = F.linear(x, weight)
+    torch.testing.assert_close(ours, oracle, rtol=2e-6, atol=2e-6)
+    for got, want in zip(grads, torch.autograd.grad(oracle, [x, weight], upstream), strict=True):
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
 
 
 # -- the encoder on both paths --------------------------------------------------------------------------------------
