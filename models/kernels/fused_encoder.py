@@ -16,6 +16,7 @@ the product instead of inside it; bias gradients are summed in double).
 from __future__ import annotations
 
 import math
+from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -158,6 +159,7 @@ def _onednn(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(rows, weight.contiguous(), None, "none", [], "")
 
 
+@cache  # a fact of this torch build, asked on every product
 def onednn_products() -> bool:
     """Whether this torch has oneDNN's fp32 linear (a CPU build with mkldnn)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
