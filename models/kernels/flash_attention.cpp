@@ -16,6 +16,10 @@
 // Backward (the standard flash-attention derivation, with D_i = rowsum(dO_i * O_i) passed in):
 //   dV += (P*keep/(1-p))^T dO,   dP = (dO V^T) * keep/(1-p),   dS = P * (dP - D),
 //   dQ = dS K * scale,           dK += dS^T Q * scale.
+// dK and dV are accumulated transposed (dK^T += Q^T dS, a [D, M] product whose A is a plain transpose of a
+// [rows, D] block) and turned back once a head is done: the same sums, but BLAS runs the [M, rows]^T x [rows, D]
+// form with a transposed [rows, M] operand at ~0.6x the rate of the block's other products (measured through
+// torch.addmm on one thread: 24 against 40-44 GFLOP/s at rows 128, M 2048, D 32).
 
 #include <torch/extension.h>
 
@@ -116,15 +120,17 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
   const uint32_t threshold = drop_threshold(p);
   const double scale = keep_scale(threshold);
-  auto dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
     auto scores = at::empty({kQueryBlock, m}, q.options());
     auto probs = at::empty({kQueryBlock, m}, q.options());
+    auto dk_t = at::empty({k.size(2), m}, q.options()), dv_t = at::empty({v.size(2), m}, q.options());
     for (int64_t h = begin; h < end; ++h) {
       const auto k_t = k[h].t();
       const auto v_t = v[h].t();
       const auto bias_row = bias[h].unsqueeze(0);
-      auto dk_h = dk[h], dv_h = dv[h];
+      dk_t.zero_();
+      dv_t.zero_();
       for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
         const int64_t r = std::min(kQueryBlock, n - row0);
         auto s = scores.narrow(0, 0, r), pr = probs.narrow(0, 0, r);
@@ -132,7 +138,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
         block_probs(q_blk, k_t, bias_row, s, pr);
         AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flash_dropout_backward", [&] {
           apply_dropout<scalar_t>(pr, s, static_cast<uint64_t>(seed), h, row0, n, threshold, scale);
-          dv_h.addmm_(s.t(), go);  // dV += Pdrop^T dO
+          dv_t.addmm_(go.t(), s);  // dV^T += dO^T Pdrop
           at::mm_out(s, go, v_t);  // dPdrop = dO V^T, into the scores buffer
           const scalar_t* d = delta[h].data_ptr<scalar_t>() + row0;
           for (int64_t i = 0; i < r; ++i) {
@@ -143,8 +149,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
         });
         auto dq_blk = dq[h].narrow(0, row0, r);
         at::mm_out(dq_blk, pr, k[h]);  // dQ = dS K
-        dk_h.addmm_(pr.t(), q_blk);   // dK += dS^T Q
+        dk_t.addmm_(q_blk.t(), pr);   // dK^T += Q^T dS
       }
+      dk[h].copy_(dk_t.t());
+      dv[h].copy_(dv_t.t());
     }
   });
   return {dq, dk, dv};
@@ -180,13 +188,14 @@ std::vector<at::Tensor> lse_backward(const at::Tensor& grad, const at::Tensor& q
                                      const at::Tensor& bias, const at::Tensor& lse) {
   check({{&grad, "grad"}, {&q, "q"}, {&k, "k"}, {&bias, "bias"}, {&lse, "lse"}});
   const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
-  auto dq = at::empty_like(q), dk = at::zeros_like(k);
+  auto dq = at::empty_like(q), dk = at::empty_like(k);
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
     auto scores = at::empty({kQueryBlock, m}, q.options());
+    auto dk_t = at::empty({k.size(2), m}, q.options());
     for (int64_t h = begin; h < end; ++h) {
       const auto k_t = k[h].t();
       const auto bias_row = bias[h].unsqueeze(0);
-      auto dk_h = dk[h];
+      dk_t.zero_();
       for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
         const int64_t r = std::min(kQueryBlock, n - row0);
         auto s = scores.narrow(0, 0, r);
@@ -195,8 +204,9 @@ std::vector<at::Tensor> lse_backward(const at::Tensor& grad, const at::Tensor& q
         s.sub_(lse[h].narrow(0, row0, r).unsqueeze(1)).exp_().mul_(grad[h].narrow(0, row0, r).unsqueeze(1));
         auto dq_blk = dq[h].narrow(0, row0, r);
         at::mm_out(dq_blk, s, k[h]);
-        dk_h.addmm_(s.t(), q_blk);
+        dk_t.addmm_(q_blk.t(), s);  // dK^T += Q^T W (see backward)
       }
+      dk[h].copy_(dk_t.t());
     }
   });
   return {dq, dk};
