@@ -1,9 +1,11 @@
 """`python -m lra_bench.reproductions`: `docs/reproductions.md` from the evidence `make reproduce` commits.
 
-Variants: runs of a network the protocol no longer computes (`reproductions/variants/<name>/…`, records saying
-`"variant": "<name>"`) stay committed in a section of their own, never beside the published numbers, which count only
-runs of the current network. Their snapshots keep no checkpoints (they cannot be resumed under today's network): the
-step and segments the last checkpoint held are in `checkpoint.json`.
+Variants: runs the table does not count (`reproductions/variants/<name>/…`, records saying `"variant": "<name>"`) —
+of a network the protocol no longer computes, or of its network on another kernel path than the round's — stay
+committed in a section of their own, never beside the published numbers, which count only the round's runs of the
+current network. Their snapshots keep no checkpoints: the step and segments the last checkpoint held are in
+`checkpoint.json`. A kernel-path variant's curves are held against the counted seeds'
+(`lra_bench.reproduction_kernels`).
 
 Why "leaves the prior" is recorded: the faithful ListOps schedule learns late and abruptly (a first attempt sat at
 the class prior, val accuracy 0.16–0.19, until step ~2,200), so a run cut short, or a schedule shortened "to save
@@ -25,7 +27,7 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +38,13 @@ from lra_bench.leaderboard.reproduced import MARGIN_PP, mean_and_interval, repro
 from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, LAST, META_KEY, load_checkpoint
 from lra_bench.record.curves import VAL_ACC, read_metrics
 from lra_bench.registry import ATTENTIONS
+from lra_bench.reproduce import KERNELS
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
 from lra_bench.reproduction_approx import output_error as approx_output_error
 from lra_bench.reproduction_approx import read as read_approx
 from lra_bench.reproduction_claims import claims_section, seeds_needed
 from lra_bench.reproduction_cost import COST_FIGURE, cost_section, plot_cost
+from lra_bench.reproduction_kernels import kernels_section
 from lra_bench.reproduction_runs import EVIDENCE_ROOT as ROOT
 from lra_bench.reproduction_runs import IN_PROGRESS, PRIOR_MARGIN, REPO, Run, recorded_run
 
@@ -50,12 +54,23 @@ FIGURE_NAME = "reproductions_curves.png"
 DEFAULT_TARGET = ("nystromformer", "listops")
 MIN_ATTENTIONS = 3  # the distinct attentions a rank correlation of accuracy against approximation error needs
 ALPHA = 0.05  # the p-value below which the page calls a rank correlation distinguishable from none
-VARIANTS = "variants"  # reproductions/variants/<name>/…: runs of a network the protocol no longer computes
+VARIANTS = "variants"  # reproductions/variants/<name>/…: runs the table does not count
 SNAPSHOT_PROGRESS = "checkpoint.json"  # a variant snapshot's last checkpoint, read before the file was deleted
-#: what a variant is, for its section's heading (its folder's README.md says it in full)
+#: what a variant's runs are and why they are not counted, for its section (its folder's README.md says it in full)
 VARIANT_TITLES = {
-    "pre-fidelity": "the network before it was matched to the reference code (mlpen/Nystromformer@5689313)",
+    "pre-fidelity": (
+        "the network before it was matched to the reference code (mlpen/Nystromformer@5689313)",
+        "They are another network than the protocol computes today: not counted beside the published rows above, "
+        "with no verdict against them, and their snapshots cannot be resumed under today's network.",
+    ),
+    "fused-encoder": (
+        "the protocol's network through the compiled encoder chain (`model.kernels=fused`)",
+        f"The same network on another kernel path: not counted, since every seed of this round runs "
+        f"`model.kernels={KERNELS}` so that its rows' step times compare; they show whether the path trains as the "
+        "counted seeds do.",
+    ),
 }
+UNKNOWN_VARIANT = ("another network than the protocol's current one", "They are not counted.")
 CURVES_TITLE = "Every reproduction run (dashed: in progress)"
 
 
@@ -346,7 +361,7 @@ def render(root: Path = ROOT, figure: str | None = FIGURE_NAME) -> str:
     lines += claims_section(table_runs)
     lines += approximation_section(faithful, variants)
     for variant in variants:
-        lines += variant_section(root, [r for r in runs if r.variant == variant], variant, figure)
+        lines += variant_section(root, [r for r in runs if r.variant == variant], variant, figure, faithful)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -478,19 +493,20 @@ def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list
     return lines
 
 
-def variant_section(root: Path, runs: list[Run], variant: str, figure: str | None) -> list[str]:
-    """A variant's rows, runs, curves and comparison, labelled as another network and not counted."""
+def variant_section(
+    root: Path, runs: list[Run], variant: str, figure: str | None, faithful: Sequence[Run] = ()
+) -> list[str]:
+    """A variant's rows, runs, curves and comparison, labelled as not counted; a kernel path's curves against the
+    counted seeds of the current network (`faithful`)."""
     folder = root / VARIANTS / variant
     readme = folder / "README.md"
     where = _shown(folder)
     said = f" (see [its README](../{where}/README.md))" if readme.exists() and where != str(folder) else ""
-    title = VARIANT_TITLES.get(variant, "another network than the protocol's current one")
+    title, why = VARIANT_TITLES.get(variant, UNKNOWN_VARIANT)
     lines = [
         f"## Variant: {variant} (not counted)",
         "",
-        f"Runs of {title}: another network than the protocol computes today, kept in `{where}/`{said}. They are not "
-        "counted beside the published rows above and have no verdict against them; their snapshots cannot be "
-        "resumed under today's network.",
+        f"Runs of {title}, kept in `{where}/`{said}. {why}",
         "",
         f"### Its rows (variant `{variant}`, not compared with the published numbers)",
         "",
@@ -503,8 +519,11 @@ def variant_section(root: Path, runs: list[Run], variant: str, figure: str | Non
     if figure and any(r.curve for r in runs):
         name = figure_name(variant)
         lines += [f"### Validation accuracy against step (variant `{variant}`)", "", f"![{variant} runs]({name})", ""]
-    lines += [f"### GPA against Nyströmformer (variant `{variant}`, within the variant)", ""]
-    return lines + comparison(folder, runs)
+    lines += kernels_section(runs, faithful)
+    if {"gpa", "nystrom"} <= {r.attn for r in runs}:
+        lines += [f"### GPA against Nyströmformer (variant `{variant}`, within the variant)", ""]
+        lines += comparison(folder, runs)
+    return lines
 
 
 def plot(runs: list[Run], path: Path, title: str = CURVES_TITLE) -> None:

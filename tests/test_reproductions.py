@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -346,3 +347,49 @@ def test_the_table_says_how_many_seeds_learned_the_task() -> None:
     assert "Of the 2 completed seeds above, 1 never left the class prior" in lines
     runs[1].curve[:] = learned  # both learned: no note
     assert "never left the class prior" not in "\n".join(reproductions.summary_table(runs))
+
+
+def _with_curve(folder: Path, record: dict[str, Any], curve: list[tuple[int, float, float]]) -> None:
+    """A run's record and its CSV metrics as Lightning's CSVLogger writes them (each row logged at the index of the
+    step just taken: one less than the steps done)."""
+    _write(folder, record)
+    (folder / "csv" / "version_0").mkdir(parents=True)
+    rows = [f"{step - 1},{loss},{acc}" for step, loss, acc in curve]
+    (folder / "csv" / "version_0" / "metrics.csv").write_text("\n".join(["step,val/loss,val/acc", *rows]) + "\n")
+
+
+def test_a_kernel_path_variant_is_held_against_the_counted_seeds_curves(tmp_path: Path) -> None:
+    """Two completed gpa seeds of the eager chain, and a fused-chain run of seed 0 cut off at step 150 (a variant's
+    snapshot): each evaluation beside seed 0's and seed 1's, and the verdict from the largest distances — beyond the
+    seeds' spread while its loss strays 0.03 from seed 0's (seed 1 strays 0.01), within it once it strays 0.005. A
+    variant run that also differs in the network is another experiment: no such check."""
+    root = tmp_path / "evidence"
+    network = {"attn.name": "gpa", "model.hidden": 64, "task.name": "listops"}
+    counted = {0: [(50, 2.28, 0.18), (100, 2.27, 0.18), (150, 2.26, 0.20)], 1: [(50, 2.29, 0.08), (100, 2.28, 0.18)]}
+    counted[1].append((150, 2.27, 0.18))
+    for seed, curve in counted.items():
+        record = _record("gpa", seed, 0.36) | {"identity": network | {"seed": seed}}
+        _with_curve(reproduce.evidence_dir("nystromformer", "listops", "gpa", seed, root), record, curve)
+    variant_root = root / reproductions.VARIANTS / "fused-encoder"
+    fused = _record("gpa", 0, 0.36, "fused-encoder") | {"status": "interrupted"}
+    fused["identity"] = network | {"seed": 0, "model.kernels": "fused"}
+    snapshot = reproduce.evidence_dir("nystromformer", "listops", "gpa", 0, variant_root) / reproductions.IN_PROGRESS
+    _with_curve(snapshot, fused, [(50, 2.281, 0.18), (100, 2.30, 0.18), (150, 2.262, 0.17)])
+    (snapshot / reproductions.SNAPSHOT_PROGRESS).write_text(json.dumps({"global_step": 150, "segments": [{}]}))
+
+    page = reproductions.render(root, figure=None)
+    main, variant = page.split("## Variant: fused-encoder (not counted)")
+    assert "Against the counted seeds" not in main and "model.kernels=fused" in variant
+    assert "| 50 | 2.2810 | 2.2800 | 2.2900 | 18.00 | 18.00 | 8.00 |" in variant
+    assert "| 100 | 2.3000 | 2.2700 | 2.2800 | 18.00 | 18.00 | 18.00 |" in variant
+    assert "| 150 | 2.2620 | 2.2600 | 2.2700 | 17.00 | 20.00 | 18.00 |" in variant
+    said = "over 3 evaluations: its largest distance from seed 0's counted run is {} in loss and 3.00 pp in accuracy; "
+    said += "the other counted seeds' (1) from it 0.0100 and 10.00 pp — **{} the seeds' spread**."
+    assert said.format("0.0300", "beyond") in variant
+    _with_curve(snapshot / "again", fused, [(50, 2.281, 0.18), (100, 2.275, 0.18), (150, 2.262, 0.17)])
+    shutil.rmtree(snapshot / "csv")
+    (snapshot / "again" / "csv").rename(snapshot / "csv")
+    assert said.format("0.0050", "within") in reproductions.render(root, figure=None)
+    fused["identity"]["model.hidden"] = 128  # another network, not a kernel path
+    (snapshot / "results.json").write_text(json.dumps(fused))
+    assert "Against the counted seeds" not in reproductions.render(root, figure=None)
