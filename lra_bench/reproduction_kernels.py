@@ -14,16 +14,14 @@ prior the range is a few 10⁻⁴ wide, and a run that tracks its own seed to 10
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import pandas as pd
 
 from lra_bench.kit.markdown import table
-from lra_bench.record.curves import VAL_ACC, read_metrics
+from lra_bench.record.curves import VAL_ACC, VAL_LOSS, evaluations
 from lra_bench.record.identity import KERNEL_CHOICES, differing_keys, identity_of, seed_free, under
 from lra_bench.reproduction_runs import Run, completed
 
-VAL_LOSS = "val/loss"
 #: the page's reading of the check (the module's second paragraph, one line)
 HOW_READ = " ".join(__doc__.split("\n\n")[1].split())
 MIN_SEEDS = 2  # the seeds' spread needs the run's own seed and another
@@ -34,15 +32,6 @@ def kernel_keys(run: Run, counted: Sequence[Run]) -> list[str]:
     choices; empty when it differs in anything else (another experiment) or in nothing."""
     keys = differing_keys([seed_free(identity_of(r.record)) for r in (run, *counted)])
     return keys if keys and all(under(k, KERNEL_CHOICES) for k in keys) else []
-
-
-def evaluations(folder: Path) -> pd.DataFrame:
-    """step → validation loss and accuracy of every evaluation the run's CSV metrics hold."""
-    metrics = read_metrics(folder)
-    if metrics is None or VAL_LOSS not in metrics:
-        return pd.DataFrame(columns=[VAL_LOSS, VAL_ACC])
-    evaluated = metrics[metrics[VAL_LOSS].notna()]
-    return evaluated.groupby("step")[[VAL_LOSS, VAL_ACC]].last().astype(float)
 
 
 def _values(frame: pd.DataFrame, step: int, scale: float, digits: int) -> str:

@@ -36,7 +36,7 @@ from lra_bench.kit.markdown import table
 from lra_bench.leaderboard.published import TASK_LABELS, load_published
 from lra_bench.leaderboard.reproduced import MARGIN_PP, mean_and_interval, reproduction_verdict
 from lra_bench.record.checkpoint_file import CHECKPOINT_DIR, LAST, META_KEY, load_checkpoint
-from lra_bench.record.curves import VAL_ACC, read_metrics
+from lra_bench.record.curves import VAL_ACC, evaluations
 from lra_bench.registry import ATTENTIONS
 from lra_bench.reproduce import KERNELS
 from lra_bench.reproduction_approx import APPROX_FILE, EXACT
@@ -74,16 +74,6 @@ UNKNOWN_VARIANT = ("another network than the protocol's current one", "They are 
 CURVES_TITLE = "Every reproduction run (dashed: in progress)"
 
 
-def read_curve(folder: Path) -> list[tuple[int, float]]:
-    """(step, val accuracy) of every evaluation in the run's CSV metrics, its attempts joined as `curves.png`'s
-    (`lra_bench.record.curves.read_metrics`)."""
-    metrics = read_metrics(folder)
-    if metrics is None or VAL_ACC not in metrics:
-        return []
-    evaluated = metrics[metrics[VAL_ACC].notna()]
-    return [(int(step), float(acc)) for step, acc in zip(evaluated["step"], evaluated[VAL_ACC])]
-
-
 def collect(root: Path = ROOT) -> list[Run]:
     """Every run under `root/<protocol>/<task>/<attn>/seed-<s>/` (completed, or its `in-progress/` snapshot), then
     every variant's under `root/variants/<name>/<protocol>/<task>/<attn>/seed-<s>/`; each run's `variant` is its
@@ -101,7 +91,8 @@ def _collect(root: Path, variant: str | None) -> list[Run]:
         if not (folder / "results.json").exists() or seed_dir.parts[-4] == VARIANTS:
             continue
         run = recorded_run(seed_dir, folder, variant)
-        run.curve = read_curve(folder)
+        accuracy = evaluations(folder)[VAL_ACC]
+        run.curve = list(zip(accuracy.index.astype(int), accuracy.astype(float)))
         if folder.name == IN_PROGRESS:  # the snapshot's record is from its start: the checkpoint knows how far
             run.checkpoint_step, run.segments = snapshot_progress(folder / CHECKPOINT_DIR / LAST)
         runs.append(run)

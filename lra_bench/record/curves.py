@@ -22,7 +22,7 @@ from tasks.files import atomic_path
 
 FILENAME = "curves.png"
 CSV_DIR = "csv"
-TRAIN_LOSS, VAL_ACC = "train/loss", "val/acc"
+TRAIN_LOSS, VAL_LOSS, VAL_ACC = "train/loss", "val/loss", "val/acc"
 
 
 def _version(path: Path) -> int:
@@ -54,6 +54,16 @@ def read_metrics(run_dir: Path) -> pd.DataFrame | None:
     metrics = metrics[during].sort_values("step", kind="stable").reset_index(drop=True)
     metrics["step"] += 1  # Lightning logs the index of the step just taken; the record counts steps done
     return metrics
+
+
+def evaluations(run_dir: Path) -> pd.DataFrame:
+    """step → validation loss and accuracy of every evaluation in the run's CSV metrics (`read_metrics`: its attempts
+    joined); no rows when it logged none."""
+    metrics = read_metrics(run_dir)
+    if metrics is None or VAL_ACC not in metrics:
+        return pd.DataFrame(columns=[VAL_LOSS, VAL_ACC], dtype=float)
+    evaluated = metrics[metrics[VAL_ACC].notna()].reindex(columns=["step", VAL_LOSS, VAL_ACC])
+    return evaluated.groupby("step")[[VAL_LOSS, VAL_ACC]].last().astype(float)
 
 
 def _series(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
