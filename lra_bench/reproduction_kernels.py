@@ -38,8 +38,9 @@ def _values(frame: pd.DataFrame, step: int, scale: float, digits: int) -> str:
     return ", ".join(f"{scale * v:.{digits}f}" for v in frame.loc[step])
 
 
-def check(run: Run, counted: Sequence[Run]) -> list[str]:
-    """`run`'s evaluations beside the counted seeds' at the steps they all evaluated, and the verdict."""
+def check(run: Run, counted: Sequence[Run], keys: Sequence[str]) -> list[str]:
+    """`run`'s evaluations beside the counted seeds' at the steps they all evaluated, and the verdict (`keys`: what
+    it differs in from them, `kernel_keys`)."""
     own, seeds = evaluations(run.folder), {r.seed: evaluations(r.folder) for r in counted}
     steps = sorted(set(own.index).intersection(*(set(s.index) for s in seeds.values())))
     if not steps:
@@ -66,9 +67,10 @@ def check(run: Run, counted: Sequence[Run]) -> list[str]:
     columns = [f"seed {s} counted", f"seed{'s' if len(others) > 1 else ''} {named}"]
     header = ["step", "val loss", *columns, "val acc %", *columns]
     within = all(path[m] <= seed[m] for m in value)
-    keys = ", ".join(f"`{k}={identity_of(run.record)[k]}`" for k in kernel_keys(run, counted))
+    identity = identity_of(run.record)
+    differs = ", ".join(f"`{k}={identity[k]}`" for k in keys)
     said = (
-        f"`{run.name}` ({keys}) over {len(steps)} evaluations: its largest distance from seed {s}'s counted run is "
+        f"`{run.name}` ({differs}) over {len(steps)} evaluations: its largest distance from seed {s}'s counted run is "
         f"{path[VAL_LOSS]:.4f} in loss and {100 * path[VAL_ACC]:.2f} pp in accuracy; the other counted seeds' "
         f"({named}) from it {seed[VAL_LOSS]:.4f} and {100 * seed[VAL_ACC]:.2f} pp — "
         + ("**within the seeds' spread**." if within else "**beyond the seeds' spread**.")
@@ -83,8 +85,9 @@ def kernels_section(variant_runs: Sequence[Run], faithful: Sequence[Run]) -> lis
     for run in variant_runs:
         counted = [r for r in completed(faithful, run.attn) if (r.protocol, r.task) == (run.protocol, run.task)]
         seeds = {r.seed for r in counted}
-        if run.seed in seeds and len(seeds) >= MIN_SEEDS and kernel_keys(run, counted):
-            lines += check(run, counted)
+        keys = kernel_keys(run, counted) if run.seed in seeds and len(seeds) >= MIN_SEEDS else []
+        if keys:
+            lines += check(run, counted, keys)
     if not lines:
         return []
     return ["### Against the counted seeds (the same network, another kernel path)", "", HOW_READ, "", *lines]
