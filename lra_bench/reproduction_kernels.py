@@ -1,6 +1,6 @@
 """Does another kernel path train as the counted seeds do? A variant run that differs from its attention's counted
-runs only in how its components compute (`KERNEL_CHOICES`: `model.kernels`, `attn.kernel`), held against their
-validation curves.
+runs only in how its components compute (`KERNEL_CHOICES`: `model.kernels`, `attn.kernel`, `selector.kernel`), held
+against their validation curves.
 
 How it is read: a kernel path changes what the network computes at fp32 rounding, and training amplifies rounding
 as it amplifies any perturbation, so the run's curve is not expected to stay on its own seed's counted curve. What

@@ -64,12 +64,18 @@ def test_the_counted_flops_match_the_model_by_hand() -> None:
 
 
 def test_the_kernel_paths_are_timed_round_robin_in_one_process() -> None:
-    """`--kernels fused eager`: each path of an attention is its own network (`model.kernels`, and `attn.kernel` where
-    the attention has it; a command-line override wins), and their steps alternate, so a load that changes while they
-    run falls on both rows alike."""
+    """`--kernels fused eager`: each path of an attention is its own network (`model.kernels`, and `attn.kernel` /
+    `selector.kernel` where the attention or its selector has it; a command-line override wins), and their steps
+    alternate, so a load that changes while they run falls on both rows alike."""
     assert bench_step.kernel_overrides("nystrom", "fused") == ["model.kernels=fused"]
     assert bench_step.kernel_overrides("full", "eager") == ["model.kernels=eager", "attn.kernel=eager"]
     assert bench_step.kernel_overrides("full", None) == []
+    assert bench_step.kernel_overrides("pivoted", "eager", "pivoted_qr") == [
+        "model.kernels=eager",
+        "attn.kernel=eager",
+        "selector.kernel=eager",
+    ]
+    assert bench_step.kernel_overrides("nystrom", "eager", "uniform") == ["model.kernels=eager"]
     calls: list[tuple[str, int]] = []
     times = bench_step._round_robin(
         [lambda i: calls.append(("a", i)), lambda i: calls.append(("b", i))], 1, 2, torch.device("cpu")

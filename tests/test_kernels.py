@@ -22,7 +22,7 @@ from scipy import stats
 
 from models import kernels
 from models.attention.full import FullAttention, FullConfig
-from models.kernels import flash_attention
+from models.kernels import flash_attention, row_logsumexp
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(flash_attention.kernel() is None, reason="the kernel cannot be built here")
@@ -104,7 +104,8 @@ def test_the_result_does_not_depend_on_the_thread_count() -> None:
         for count in (1, 2):
             torch.set_num_threads(count)
             out = flash_attention.flash_dropout_attention(q, k, v, keys, P, seed=11)
-            results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+            lse = row_logsumexp.RowLogSumExp.apply(q, k, flash_attention.key_bias(keys, 3, 260, q.dtype))
+            results.append((out, lse, *torch.autograd.grad(out.sum() + lse.sum(), (q, k, v))))
     finally:
         torch.set_num_threads(threads)
     for one, two in zip(*results):
@@ -157,7 +158,7 @@ def test_the_row_log_sum_exp_matches_the_blockwise_eager_form(dtype: torch.dtype
     keys[0] = False  # the first sequence has no real token at all
     upstream = torch.randn(q.shape[:-1], dtype=dtype, generator=torch.Generator().manual_seed(2))
     valid = keys[:, None, None, :]
-    ours = flash_attention.RowLogSumExp.apply(q, k, flash_attention.key_bias(keys, 2, 300, dtype))
+    ours = row_logsumexp.RowLogSumExp.apply(q, k, flash_attention.key_bias(keys, 2, 300, dtype))
     eager = BlockwiseLSE.apply(q, k, valid, 64)
     assert torch.equal(torch.isinf(ours), torch.isinf(eager)) and torch.isinf(ours[0]).all()
     torch.testing.assert_close(ours, eager, rtol=tol, atol=tol)
@@ -170,7 +171,7 @@ def test_the_row_log_sum_exp_matches_the_blockwise_eager_form(dtype: torch.dtype
 def test_the_row_log_sum_exp_passes_gradcheck() -> None:
     q, k, _, keys = inputs(torch.float64, b=1, h=2, n=20, d=4)
     bias = flash_attention.key_bias(keys, 1, 20, torch.float64)
-    assert torch.autograd.gradcheck(lambda q, k: flash_attention.RowLogSumExp.apply(q, k, bias), (q, k))
+    assert torch.autograd.gradcheck(lambda q, k: row_logsumexp.RowLogSumExp.apply(q, k, bias), (q, k))
 
 
 def test_pivoted_attention_is_the_same_on_both_kernels() -> None:

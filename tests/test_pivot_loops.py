@@ -18,7 +18,8 @@ from lra_bench.registry import build_attention, build_selector
 from models.attention.pivoted import BlockwiseLSE, PivotedAttention
 from models.attention.wildcat import WildcatAttention
 from models.attention.wildcat_sums import Links
-from models.kernels import flash_attention
+from models.kernels import row_logsumexp
+from models.kernels.flash_attention import key_bias
 from models.landmarks.base import length_groups
 from models.landmarks.pivoted_qr import greedy_pivots
 from models.landmarks.rpcholesky import rpcholesky
@@ -171,9 +172,44 @@ def test_greedy_pivots_match_previous_formula(tol: float) -> None:
     assert want[1].any() and not want[1].all()
 
 
-#: the attentions' knobs that route their pivots through the eager loop the oracles replace (WildCat's compiled
-#: pivot loop is tested against that loop in tests/test_wildcat_operator.py)
-EAGER_PIVOTS = {"wildcat": {"kernel": "eager"}, "pivoted": {}}
+@pytest.mark.parametrize("tol", [0.0, 1e-3])
+def test_the_compiled_pivoted_qr_loop_picks_the_eager_loops_pivots(tol: float) -> None:
+    """`selector.kernel=fused` (the sketch and the pivot loop compiled, per sequence and head) against the eager
+    sketch and loop: the same pivots and validity in fp64 (the kernel called directly, as the eager functions are)
+    and through the selector in fp32 (what training runs), on ragged rows (a sequence without a real token, one
+    shorter than M, one with holes: invalid sketch rows and invalid slots occur), with 1 and 2 threads."""
+    from models.kernels import pivoted_qr as kernel
+    from models.landmarks.pivoted_qr import sketch_rows_softmax
+
+    if kernel.kernel() is None:
+        pytest.skip("compiled kernel not built here")
+    mask = ragged_mask(4)[:, None, :]
+    g = torch.Generator().manual_seed(4)
+    q, k = (1.5 * torch.randn(B, H, N, D, generator=g, dtype=torch.float64) for _ in range(2))
+    rows = torch.randint(0, N, (B, H, 2 * M), generator=g) % mask.sum(-1, keepdim=True).clamp_min(1)
+    rows_valid = mask.any(-1, keepdim=True).expand(B, H, 2 * M).clone()
+    rows_valid[1, :, -5:] = False
+    want = greedy_pivots(sketch_rows_softmax(q, k, mask, rows, rows_valid), mask, M, tol)
+    assert want[1].any() and not want[1].all()
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            got = kernel.pivots(pivoted_qr.gather_tokens(q, rows), k, mask, rows_valid, M, tol)
+            assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+            picked = [
+                build_selector("pivoted_qr", kernel=path, tol=tol, seed=1)(q.float(), k.float(), mask[:, 0], M)
+                for path in ("fused", "eager")
+            ]
+            assert torch.equal(picked[0].valid, picked[1].valid) and torch.equal(picked[0].indices, picked[1].indices)
+            assert torch.equal(picked[0].rows, picked[1].rows) and picked[0].valid.any()
+    finally:
+        torch.set_num_threads(threads)
+
+
+#: the knobs (the attention's, the selector's) that route their pivots through the eager loop the oracles replace
+#: (WildCat's compiled pivot loop is tested against that loop in tests/test_wildcat_operator.py, pivoted QR's above)
+EAGER_PIVOTS = {"wildcat": ({"kernel": "eager"}, {}), "pivoted": ({}, {"kernel": "eager"})}
 
 
 def run_attention(name: str, selector: str, seed: int) -> tuple[torch.Tensor, ...]:
@@ -185,8 +221,8 @@ def run_attention(name: str, selector: str, seed: int) -> tuple[torch.Tensor, ..
         num_heads=H,
         seq_len=N,
         num_landmarks=M,
-        selector=build_selector(selector),
-        **EAGER_PIVOTS[name],
+        selector=build_selector(selector, **EAGER_PIVOTS[name][1]),
+        **EAGER_PIVOTS[name][0],
     )
     attn.train()
     g = torch.Generator().manual_seed(seed)
@@ -219,9 +255,9 @@ def test_attention_values_and_gradients_match_previous_pivots(
 
 def oracle_row_lse(self: PivotedAttention, qf: torch.Tensor, kf: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
     """The previous `PivotedAttention._row_lse`, verbatim: one sum over all N keys, pads included as −inf."""
-    if self.kernel == "fused" and qf.device.type == "cpu" and flash_attention.kernel() is not None:
-        bias = flash_attention.key_bias(key_valid[:, 0, 0, :], qf.shape[0], kf.shape[-2], qf.dtype)
-        return flash_attention.RowLogSumExp.apply(qf, kf, bias)
+    if self.kernel == "fused" and qf.device.type == "cpu" and row_logsumexp.kernel() is not None:
+        bias = key_bias(key_valid[:, 0, 0, :], qf.shape[0], kf.shape[-2], qf.dtype)
+        return row_logsumexp.RowLogSumExp.apply(qf, kf, bias)
     return BlockwiseLSE.apply(qf, kf, key_valid, self.block_size)
 
 
@@ -241,7 +277,7 @@ def test_row_lse_matches_previous_full_width_sum(
     kernel: str, dtype: torch.dtype, tol: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """fp64 where the path takes it (`BlockwiseLSE`); the compiled kernel is fp32 only (as the attention calls it)."""
-    if kernel == "fused" and flash_attention.kernel() is None:
+    if kernel == "fused" and row_logsumexp.kernel() is None:
         pytest.skip("compiled kernel not built here")
     attn = build_attention(
         "pivoted",

@@ -41,7 +41,7 @@ from lra_bench.bench.worker import timed
 from lra_bench.config.compose import compose_config
 from lra_bench.config.conformance import derive_run_keys
 from lra_bench.record.provenance import cpu_fields, cpu_identity, cpu_name
-from lra_bench.registry import ATTENTIONS
+from lra_bench.registry import ATTENTIONS, SELECTORS
 from models.dropout import Dropout
 
 
@@ -184,7 +184,10 @@ def prepare(
     """The faithful training step of `attn` on `task` under `protocol`, built and stepped once (its FLOPs counted);
     `extra`: config overrides; `dropout="native"`: torch's `nn.Dropout` (to measure what `models.dropout` changed);
     `kernel`: the path of `kernel_overrides`, named in the row."""
-    cfg = protocol_config(task, attn, protocol, [*kernel_overrides(attn, kernel), *(extra or [])])  # extra wins
+    cfg = protocol_config(task, attn, protocol, list(extra or []))
+    if kernel is not None:  # the overrides depend on the selector the protocol gives the attention
+        selector = str(cfg.selector.name) if ATTENTIONS.get(attn).takes_selector else None
+        cfg = protocol_config(task, attn, protocol, [*kernel_overrides(attn, kernel, selector), *(extra or [])])
     device = device or torch.device("cpu")
     torch.manual_seed(int(cfg.seed))
     model = _network(cfg, device, dropout)
@@ -290,15 +293,19 @@ def time_protocol(
     return time_side_by_side([prepare(*args, **kwargs)], steps, warmup, eval_batches, rate)[0]
 
 
-def kernel_overrides(attn: str, kernel: str | None) -> list[str]:
-    """The overrides that run `attn` on the `kernel` path (`fused` or `eager`): the encoder's `model.kernels`, and
-    `attn.kernel` where the attention has a compiled core of its own; none for None (the config's choices). An
-    override given on the command line wins: `attn.kernel=fused --attn full --kernels fused eager` compares the
-    encoder's chain alone."""
+def kernel_overrides(attn: str, kernel: str | None, selector: str | None = None) -> list[str]:
+    """The overrides that run `attn` (with its `selector`) on the `kernel` path (`fused` or `eager`): the encoder's
+    `model.kernels`, and `attn.kernel` / `selector.kernel` where the attention or its selector has a compiled core
+    of its own; none for None (the config's choices). An override given on the command line wins:
+    `attn.kernel=fused --attn full --kernels fused eager` compares the encoder's chain alone."""
     if kernel is None:
         return []
-    own = "kernel" in {f.name for f in fields(ATTENTIONS.config(attn))}
-    return [f"model.kernels={kernel}", *([f"attn.kernel={kernel}"] if own else [])]
+    own = [
+        f"{axis}.kernel={kernel}"
+        for axis, registry, name in (("attn", ATTENTIONS, attn), ("selector", SELECTORS, selector))
+        if name is not None and "kernel" in {f.name for f in fields(registry.config(name))}
+    ]
+    return [f"model.kernels={kernel}", *own]
 
 
 def markdown(rows: list[StepTiming]) -> list[str]:

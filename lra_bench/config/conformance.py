@@ -12,8 +12,8 @@ differs there is a deviation, except:
   sizes and quirks of the reference code's own attention, e.g. Skyformer's 128 landmarks). A run that changes one
   of those trains another network than the protocol's, so it is a deviation;
 * `seed` (a protocol runs several);
-* the kernel choices (`attn.kernel`, `model.kernels`: `lra_bench.record.identity.KERNEL_CHOICES`): the same network
-  computed another way, at fp32 rounding and with another dropout stream;
+* the kernel choices (`attn.kernel`, `selector.kernel`, `model.kernels`: `lra_bench.record.identity.KERNEL_CHOICES`):
+  the same network computed another way, at fp32 rounding and with another dropout stream;
 * `diagnostics.*`: they measure the model on a probe (no gradients, RNG restored; see
   `lra_bench.diagnostics.callback`) and never change a trained weight or a test prediction;
 * the data part of the identity (`data.tokens`): the protocol has no value for it;

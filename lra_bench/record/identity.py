@@ -81,7 +81,7 @@ ARCHITECTURE: tuple[str, ...] = (
 #: identity (they move results at fp32 rounding, and `model.kernels` draws its dropout masks from another stream),
 #: but a checkpoint trained with one value loads under the other, and a run may choose either and stay on its
 #: protocol (`lra_bench.config.conformance`); each training segment records the values it ran with (`run.segments`)
-KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel", "model.kernels")
+KERNEL_CHOICES: tuple[str, ...] = ("attn.kernel", "selector.kernel", "model.kernels")
 
 #: the value of a kernel choice that every run made before the choice existed computed with. An identity leaves the
 #: choice out at this value, so those runs keep their fingerprints: an in-progress run resumes into its folder, and an

@@ -52,7 +52,7 @@ Every checkpoint the harness writes carries, under the top-level key `lra_bench`
     config       the run's resolved config (what `python -m lra_bench.evaluate` rebuilds the model from)
     code         {commit, dirty} of the segment that wrote it
     segments     [{started_at, from_step, code, kernels}] one per process that trained this run so far (`kernels`:
-                 the kernel choices it ran with, `attn.kernel` / `model.kernels`, so a resume on the other path shows)
+                 the kernel choices it ran with, `KERNEL_CHOICES`, so a resume on the other path shows)
 
 Before a checkpoint is used (resumed, or tested by the eval entry), `check_fits` refuses with one line a file that
 does not load, or one made by another model: its `ARCHITECTURE` keys differ from the run's ("checkpoint X was made

@@ -45,10 +45,13 @@ SOURCES = Path(__file__).parent
 #: vector blend (otherwise it keeps a branch, for a trap torch never enables) — GELU's sign and range selects, the
 #: dropout factor on AVX2 — which also lets it contract a multiply and an add around the select into one FMA
 #: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had. The
-#: RPCholesky pivots need it to vectorise their selects (the log-weights of drawable tokens, the clamped downdate)
+#: RPCholesky and pivoted-QR pivots and the row log-sum-exp need it to vectorise their selects (the log-weights of
+#: drawable tokens, the clamped downdates, exp's floor, the masked scores)
 FLAGS: dict[str, tuple[str, ...]] = {
     "fused_encoder": ("-fno-trapping-math",),
     "rpcholesky_pivots": ("-fno-trapping-math",),
+    "row_logsumexp": ("-fno-trapping-math",),
+    "pivoted_qr": ("-fno-trapping-math",),
 }
 
 #: the file torch's extension loader creates in the build folder while it builds, and waits on while it exists
@@ -121,6 +124,11 @@ def load(name: str) -> ModuleType | None:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"[lra-bench] kernel {name!r} could not be built ({first}); running the eager form", file=sys.stderr)
         return None
+
+
+def applies(name: str, x: torch.Tensor) -> bool:
+    """Whether kernel `name` can compute on `x`: a CPU tensor of fp32 or fp64, and the kernel built here."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and load(name) is not None
 
 
 def built(name: str) -> ModuleType:

@@ -59,16 +59,11 @@ LRA_CLONES void grad_row(const double* p, const double* dpdrop, double* ds, int6
   grad_row_impl(p, dpdrop, ds, n, key, threshold, scale, d);
 }
 
-// The scores of one block of query rows: q_blk k^T plus the key bias
-void block_scores(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_row, at::Tensor& scores) {
-  at::mm_out(scores, q_blk, k_t);
-  scores.add_(bias_row);
-}
-
 // P (or its dropped form) of one block: scores, key bias, softmax
 void block_probs(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_row, at::Tensor& scores,
                  at::Tensor& probs) {
-  block_scores(q_blk, k_t, bias_row, scores);
+  at::mm_out(scores, q_blk, k_t);
+  scores.add_(bias_row);
   at::_softmax_out(probs, scores, 1, false);
 }
 
@@ -158,60 +153,6 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   return {dq, dk, dv};
 }
 
-// Row log-sum-exp of the scores, lse_i = log sum_j exp(q_i . k_j + bias_j), per (batch, head) and block of rows
-// (residual-pivoted attention's exact column normaliser): q [BH, N, D], k [BH, M, D] (both as scaled as the caller
-// wants the scores), bias [BH, M]. Returns [BH, N].
-at::Tensor lse_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias) {
-  check({{&q, "q"}, {&k, "k"}, {&bias, "bias"}});
-  const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
-  auto out = at::empty({bh, n}, q.options());
-  at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
-    auto scores = at::empty({kQueryBlock, m}, q.options());
-    for (int64_t h = begin; h < end; ++h) {
-      const auto k_t = k[h].t();
-      const auto bias_row = bias[h].unsqueeze(0);
-      for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
-        const int64_t r = std::min(kQueryBlock, n - row0);
-        auto s = scores.narrow(0, 0, r);
-        block_scores(q[h].narrow(0, row0, r), k_t, bias_row, s);
-        auto o = out[h].narrow(0, row0, r);
-        at::logsumexp_out(o, s, {1}, false);
-      }
-    }
-  });
-  return out;
-}
-
-// Its backward: with W = exp(S - lse) * grad (row-scaled probabilities), dq = W k and dk = W^T q. `lse` must be
-// finite (a row without a key: lse 0 and grad 0, set by the caller).
-std::vector<at::Tensor> lse_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& bias, const at::Tensor& lse) {
-  check({{&grad, "grad"}, {&q, "q"}, {&k, "k"}, {&bias, "bias"}, {&lse, "lse"}});
-  const int64_t bh = q.size(0), n = q.size(1), m = k.size(1);
-  auto dq = at::empty_like(q), dk = at::empty_like(k);
-  at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
-    auto scores = at::empty({kQueryBlock, m}, q.options());
-    auto dk_t = at::empty({k.size(2), m}, q.options());
-    for (int64_t h = begin; h < end; ++h) {
-      const auto k_t = k[h].t();
-      const auto bias_row = bias[h].unsqueeze(0);
-      dk_t.zero_();
-      for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
-        const int64_t r = std::min(kQueryBlock, n - row0);
-        auto s = scores.narrow(0, 0, r);
-        const auto q_blk = q[h].narrow(0, row0, r);
-        block_scores(q_blk, k_t, bias_row, s);
-        s.sub_(lse[h].narrow(0, row0, r).unsqueeze(1)).exp_().mul_(grad[h].narrow(0, row0, r).unsqueeze(1));
-        auto dq_blk = dq[h].narrow(0, row0, r);
-        at::mm_out(dq_blk, s, k[h]);
-        dk_t.addmm_(q_blk.t(), s);  // dK^T += Q^T W (see backward)
-      }
-      dk[h].copy_(dk_t.t());
-    }
-  });
-  return {dq, dk};
-}
-
 // The kernel's keep mask of rows [0, n) x columns [0, m) of one (batch, head), for tests against the materialised form.
 at::Tensor keep_mask(int64_t seed, int64_t bh, int64_t n, int64_t m, double p) {
   auto mask = at::empty({n, m}, at::kBool);
@@ -222,7 +163,5 @@ at::Tensor keep_mask(int64_t seed, int64_t bh, int64_t n, int64_t m, double p) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("forward", &forward, "flash attention with in-kernel dropout: forward");
   module.def("backward", &backward, "flash attention with in-kernel dropout: backward");
-  module.def("lse_forward", &lse_forward, "row log-sum-exp of the scores, blockwise: forward");
-  module.def("lse_backward", &lse_backward, "row log-sum-exp of the scores, blockwise: backward");
   module.def("keep_mask", &keep_mask, "the dropout keep mask the kernel draws for one (batch, head)");
 }

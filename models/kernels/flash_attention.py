@@ -1,6 +1,5 @@
 """Exact softmax attention with dropout on its weights, forward and backward without the n × n matrix (the
-compiled kernel `flash_attention.cpp`; its header says what it computes and why); and, from the same blockwise
-walk, the row log-sum-exp of the scores that residual-pivoted attention normalises its exact columns with.
+compiled kernel `flash_attention.cpp`; its header says what it computes and why).
 
 The dropout mask is made inside the kernel from a 63-bit seed drawn from torch's default CPU generator at each
 call, so a run stays reproducible from its seed and resumes bit-identically (the checkpoint restores that
@@ -39,8 +38,8 @@ class FlashDropoutAttention(torch.autograd.Function):
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, p: float, seed: int):
         b, h, n, d = q.shape
         scale = 1.0 / math.sqrt(d)
-        flat = [_per_head(t) for t in (q * scale, k, v)]
-        bias_bh = _bias_per_head(bias, h, q.dtype)
+        flat = [per_head(t) for t in (q * scale, k, v)]
+        bias_bh = bias_per_head(bias, h, q.dtype)
         out = built().forward(*flat, bias_bh, p, seed)
         ctx.save_for_backward(*flat, bias_bh, out)
         ctx.p, ctx.seed, ctx.scale, ctx.shape = p, seed, scale, (b, h)
@@ -64,38 +63,16 @@ def key_bias(keys: torch.Tensor | None, batch: int, n_keys: int, dtype: torch.dt
     return torch.zeros(keys.shape, dtype=dtype).masked_fill_(~keys, float("-inf"))
 
 
-def _per_head(t: torch.Tensor) -> torch.Tensor:
+def per_head(t: torch.Tensor) -> torch.Tensor:
     """`[B, H, N, D]` → the contiguous `[B·H, N, D]` the kernel walks."""
     return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
 
 
-def _bias_per_head(bias: torch.Tensor, heads: int, dtype: torch.dtype) -> torch.Tensor:
+def bias_per_head(bias: torch.Tensor, heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """`[B, N]` key bias → the contiguous `[B·H, N]` the kernel walks, one row per (batch, head)."""
     return (
         bias[:, None, :].expand(bias.shape[0], heads, bias.shape[-1]).reshape(-1, bias.shape[-1]).to(dtype).contiguous()
     )
-
-
-class RowLogSumExp(torch.autograd.Function):
-    """`lse_i = log Σ_j exp(q_i·kⱼ + bias_j)` for `q, k: [B, H, N, D]` (as scaled as the scores should be),
-    `bias: [B, N]`; a row without an attended key gets −inf and no gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor):
-        b, h, n, _ = q.shape
-        flat_q, flat_k, bias_bh = _per_head(q), _per_head(k), _bias_per_head(bias, h, q.dtype)
-        lse = built().lse_forward(flat_q, flat_k, bias_bh)
-        ctx.save_for_backward(flat_q, flat_k, bias_bh, lse)
-        ctx.shape = (b, h)
-        return lse.view(b, h, n)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):
-        q, k, bias_bh, lse = ctx.saved_tensors
-        b, h = ctx.shape
-        finite = torch.isfinite(lse)
-        grad = torch.where(finite, grad.reshape(lse.shape), 0.0).contiguous()
-        dq, dk = built().lse_backward(grad, q, k, bias_bh, torch.where(finite, lse, 0.0).contiguous())
-        return dq.view(b, h, *dq.shape[1:]), dk.view(b, h, *dk.shape[1:]), None
 
 
 def flash_dropout_attention(

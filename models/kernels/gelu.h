@@ -12,29 +12,10 @@
 #pragma once
 
 #include <cmath>
-#include <cstdint>
-#include <cstring>
+
+#include "vec_math.h"  // exp_nonpositive
 
 namespace lra {
-
-// exp(x) for x <= 0 (what GELU needs), |relative error| about 1 ulp; flushes below exp(-87.3) to ~1e-38
-inline float exp_nonpositive(float x) {
-  x = x < -87.3365f ? -87.3365f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
 
 // Phi(x) = P(Z <= x) and phi(x) = exp(-x^2/2) / sqrt(2 pi) of one value: gelu(x) = x Phi(x), gelu'(x) = Phi + x phi
 inline void normal_cdf_pdf(float x, float& cdf, float& pdf) {

@@ -31,13 +31,15 @@
 #include <limits>
 #include <vector>
 
-#include "gelu.h"          // exp_nonpositive
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
+#include "vec_math.h"     // exp_t, maximum
 
 namespace {
 
 using lra::check;
+using lra::exp_t;
+using lra::maximum;
 
 inline float bits_to_float(int32_t bits) {
   float x;
@@ -50,10 +52,6 @@ inline int32_t float_to_bits(float x) {
   std::memcpy(&bits, &x, sizeof bits);
   return bits;
 }
-
-// exp(x) for x <= 88 (the kernel's arguments are <= 0 up to rounding): GELU's polynomial (gelu.h, about 1 ulp), and
-// 0 below exp(-87.33), the smallest normal (torch's gives subnormals there, GELU's the floor)
-inline float exp_poly(float x) { return x < -87.3365f ? 0.0f : lra::exp_nonpositive(x); }
 
 // log(x) for x > 0 (subnormals included): Cephes' logf, about 1 ulp
 inline float log_poly(float x) {
@@ -81,8 +79,6 @@ inline float log_poly(float x) {
   return m + y + e * 0.693359375f;
 }
 
-inline float exp_t(float x) { return exp_poly(x); }
-inline double exp_t(double x) { return std::exp(x); }
 inline float log_t(float x) { return log_poly(x); }
 inline double log_t(double x) { return std::log(x); }
 
@@ -92,22 +88,6 @@ inline __attribute__((always_inline)) T log_weight(T resid, T sq, bool allowed) 
   const T r = resid < T(1e-38) ? T(1e-38) : resid;
   const T lw = log_t(allowed ? r : T(1)) + sq;
   return allowed ? lw : -std::numeric_limits<T>::infinity();
-}
-
-// max of x[0..w) (-inf for w = 0), in 16 running lanes so that the loop vectorises (the maximum is the same in any
-// order)
-template <typename T>
-inline __attribute__((always_inline)) T maximum(const T* x, int64_t w) {
-  constexpr int64_t kLanes = 16;
-  T lanes[kLanes];
-  for (int64_t l = 0; l < kLanes; ++l) lanes[l] = -std::numeric_limits<T>::infinity();
-  int64_t i = 0;
-  for (; i + kLanes <= w; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
-  for (; i < w; ++i) lanes[0] = x[i] > lanes[0] ? x[i] : lanes[0];
-  T top = lanes[0];
-  for (int64_t l = 1; l < kLanes; ++l) top = lanes[l] > top ? lanes[l] : top;
-  return top;
 }
 
 // One (sequence, head) cut after its last eligible token (w: nothing past it is ever drawn): z [w, d] row-major,

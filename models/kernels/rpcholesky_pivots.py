@@ -23,11 +23,6 @@ def kernel() -> ModuleType | None:
     return load("rpcholesky_pivots")
 
 
-def applies(z: torch.Tensor) -> bool:
-    """Whether pivots of `z` can be drawn by the compiled kernel: a CPU tensor of fp32 or fp64, the kernel built."""
-    return z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64) and kernel() is not None
-
-
 @torch.library.custom_op("lra_bench::rpcholesky_pivots", mutates_args=())
 def pivots_op(
     z: torch.Tensor, eligible: torch.Tensor, u: torch.Tensor, bins: torch.Tensor, num_bins: int, tol: float

@@ -19,11 +19,15 @@ from typing import Any
 
 import torch
 
+from models import kernels
 from models.cost import Flops, Params
+from models.kernels import pivoted_qr as pivoted_qr_kernel
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import Landmarks, gather_tokens, length_groups
 from models.landmarks.kmeans import exact_fp32
 from models.landmarks.uniform import DataDrivenTokenSelector, sample_real_tokens, token_landmarks
+
+KERNELS = ("fused", "eager")
 
 
 @dataclass
@@ -128,6 +132,7 @@ class PivotedQRConfig:
     name: str = "pivoted_qr"
     tol: float = 1.0e-3  # τ: stop when the largest residual column norm ≤ τ·‖A_S‖_F
     sketch_rows: int = 0  # ℓ query rows in the sketch; 0 = 2·m
+    kernel: str = "fused"  # fused (CPU: the sketch and the pivot loop compiled, per sequence and head) | eager
     seed: int = follows_run_seed()  # for the row sketch
 
 
@@ -145,14 +150,21 @@ class PivotedQRSelector(SketchedSelector):
 
     def configure(self, cfg: PivotedQRConfig) -> None:
         super().configure(cfg)
-        self.tol = float(cfg.tol)
+        if cfg.kernel not in KERNELS:
+            raise ValueError(f"selector.kernel={cfg.kernel!r}: expected one of {', '.join(KERNELS)}")
+        self.tol, self.kernel = float(cfg.tol), cfg.kernel
 
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
+        """`fused`: the sketch and the pivot loop through the compiled kernel where it applies
+        (`models.kernels.pivoted_qr`): the same pivots unless two residuals tie within fp32 rounding."""
         ell = sketch_size(self.sketch_rows, m, q.shape[-2])
         rows, rows_valid = sample_real_tokens(self, mask, q.shape[1], ell)
         with exact_fp32(q.device):
-            a = sketch_rows_softmax(q.detach().float(), k.detach().float(), mask, rows, rows_valid)
-            idx, valid = greedy_pivots(a, mask, m, self.tol)
+            qf, kf = q.detach().float(), k.detach().float()
+            if self.kernel == "fused" and kernels.applies("pivoted_qr", qf):
+                idx, valid = pivoted_qr_kernel.pivots(gather_tokens(qf, rows), kf, mask, rows_valid, m, self.tol)
+            else:
+                idx, valid = greedy_pivots(sketch_rows_softmax(qf, kf, mask, rows, rows_valid), mask, m, self.tol)
         lm = token_landmarks(q, k, idx, valid)
         return PivotedLandmarks(lm.queries, lm.keys, lm.valid, lm.indices, rows=rows, rows_valid=rows_valid)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from models import kernels
 from models.cost import Flops, Params
 from models.kernels import rpcholesky_pivots
 from models.knobs import follows_run_seed
@@ -217,7 +218,7 @@ class RPCholeskySelector(DataDrivenTokenSelector):
         with exact_fp32(z.device):
             u = self.uniform((b, h, m), z.device)
             features, drawable = z.detach().float(), eligible.expand(b, h, -1)
-            if fused and rpcholesky_pivots.applies(features):
+            if fused and kernels.applies("rpcholesky_pivots", features):
                 return rpcholesky_pivots.pivots(features, drawable, u, self.tol, bins, num_bins)
             return rpcholesky(features, drawable, m, u, self.tol, bins, num_bins)
 

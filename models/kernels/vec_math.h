@@ -1,0 +1,59 @@
+// exp and max for the compiled kernels' fp32 loops, written so that a compiler vectorises a loop over them: no calls,
+// no branches, only arithmetic, rounding and bit operations (with `-fno-trapping-math`, GCC turns their selects into
+// vector blends). fp64 (tests, the approximation study) uses the C library's exp.
+//
+// Why not ATen's exp: called on cache-sized blocks inside a kernel, at::exp_ cost ~2.4 ns an element on one core
+// (a [128, 1989] block: ~600 us; this loop, with the subtraction and the scaling around it, ~50-170 us), and a fused
+// pass wants the value in a register, not a block in memory.
+
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace lra {
+
+// exp(x) for x <= 0 (what GELU needs): a Cephes-style range reduction and degree-6 polynomial, as ATen's vectorised
+// exp (aten/src/ATen/cpu/vec/vec512/vec512_float.h), |relative error| about 1 ulp; flushes below exp(-87.3) to ~1e-38
+inline float exp_nonpositive(float x) {
+  x = x < -87.3365f ? -87.3365f : x;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// exp(x) for x <= 88 (a softmax's or log-sum-exp's arguments, <= 0 up to rounding): the polynomial above, and 0 below
+// exp(-87.33), the smallest normal (torch's gives subnormals there, GELU's the floor), so exp(-inf) is 0
+inline float exp_t(float x) { return x < -87.3365f ? 0.0f : exp_nonpositive(x); }
+inline double exp_t(double x) { return std::exp(x); }
+
+// max of x[0..w) (-inf for w = 0), in 16 running lanes so that the loop vectorises (the maximum is the same in any
+// order)
+template <typename T>
+inline __attribute__((always_inline)) T maximum(const T* x, int64_t w) {
+  constexpr int64_t kLanes = 16;
+  T lanes[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) lanes[l] = -std::numeric_limits<T>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= w; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+  for (; i < w; ++i) lanes[0] = x[i] > lanes[0] ? x[i] : lanes[0];
+  T top = lanes[0];
+  for (int64_t l = 1; l < kLanes; ++l) top = lanes[l] > top ? lanes[l] : top;
+  return top;
+}
+
+}  // namespace lra
