@@ -407,3 +407,29 @@ def test_spectral_core_with_empty_landmarks_is_decomposed_where_fp32_lapack_fail
         expected[ids[:, None], ids] = (u[:, keep] / mu[keep]) @ u[:, keep].T
         assert int(rank) == int(keep.sum())
         torch.testing.assert_close(p.double(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 5e-6)])
+def test_skyformers_gaussian_kernel_is_the_distance_formula_with_left_out_rows_at_zero(
+    dtype: torch.dtype, tol: float
+) -> None:
+    """Skyformer's κ(a, b) as one product of augmented rows against exp(−‖a − b‖²/2) written as distances, the
+    left-out rows of either side multiplied to 0 afterwards (the previous form): values and gradients, and the
+    left-out rows exactly 0 with no gradient through them."""
+    from models.attention.skyformer import gaussian_kernel
+
+    g = torch.Generator().manual_seed(0)
+    a = (0.7 * torch.randn(B, H, 40, D, generator=g, dtype=dtype)).requires_grad_()
+    b = (0.7 * torch.randn(B, H, 12, D, generator=g, dtype=dtype)).requires_grad_()
+    a_valid = torch.rand(B, 1, 40, generator=g) > 0.3
+    b_valid = torch.rand(B, H, 12, generator=g) > 0.3
+    ours = gaussian_kernel(a, b, a_valid, b_valid)
+    distances = torch.cdist(a, b).square()
+    want = torch.exp(-0.5 * distances) * a_valid.unsqueeze(-1) * b_valid.unsqueeze(-2)
+    torch.testing.assert_close(ours, want, rtol=tol, atol=tol)
+    left_out = ~(a_valid.unsqueeze(-1) & b_valid.unsqueeze(-2)).expand_as(ours)
+    assert left_out.any() and (ours[left_out] == 0).all()
+    upstream = torch.randn(ours.shape, generator=g, dtype=dtype)
+    for got, expected in zip(torch.autograd.grad(ours, (a, b), upstream), torch.autograd.grad(want, (a, b), upstream)):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
