@@ -56,8 +56,8 @@ def pivots(
     q_rows: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, rows_valid: torch.Tensor, m: int, tol: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`greedy_pivots(sketch_rows_softmax(…))`'s pivots and validity `[B, H, m]` from the compiled kernel, for a
-    caller that checked `applies`: `q_rows [B, H, ℓ, D]` (the sketch's gathered queries), `k [B, H, N, D]`,
-    `mask [B, 1, N]`, `rows_valid [B, H, ℓ]`."""
+    caller that checked `kernels.applies("pivoted_qr", …)`: `q_rows [B, H, ℓ, D]` (the sketch's gathered queries),
+    `k [B, H, N, D]`, `mask [B, 1, N]`, `rows_valid [B, H, ℓ]`."""
     b, h, ell, d = q_rows.shape
     n = k.shape[-2]
     idx, ok = pivots_op(

@@ -46,7 +46,8 @@ def pivots(
     z: torch.Tensor, eligible: torch.Tensor, u: torch.Tensor, tol: float, bins: torch.Tensor | None, num_bins: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`models.landmarks.rpcholesky.rpcholesky`'s pivots and validity `[B, H, m]` (m = the draws' `u [B, H, m]`), from
-    the compiled kernel, for a caller that checked `applies(z)`; the other arguments are that function's."""
+    the compiled kernel, for a caller that checked `kernels.applies("rpcholesky_pivots", z)`; the other arguments
+    are that function's."""
     (b, h, n, d), m = z.shape, u.shape[-1]
     rows = b * h
     flat_bins = torch.empty(0, dtype=torch.long) if bins is None else bins.expand(b, h, n).reshape(rows, n)
