@@ -33,13 +33,14 @@
 
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
-#include "vec_math.h"  // exp_t, maximum
+#include "vec_math.h"  // exp_t, maximum, sum
 
 namespace {
 
 using lra::check;
 using lra::exp_t;
 using lra::maximum;
+using lra::sum;
 
 constexpr int64_t kLanes = 16;  // running sums: one AVX-512 vector of fp32
 
@@ -75,19 +76,6 @@ inline __attribute__((always_inline)) void orthogonalise(T* x, const T* basis, i
                                                          T* tmp) {
   for (int64_t s = 0; s < t; ++s) proj[s] = dot(basis + s * ell, x, ell);
   subtract_combination(x, basis, proj, t, ell, tmp);
-}
-
-// sum of x[0..n), in 16 running lanes
-template <typename T>
-inline __attribute__((always_inline)) T sum(const T* x, int64_t n) {
-  T lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
-  for (int64_t l = 0; i + l < n; ++l) lanes[l] += x[i + l];
-  T total = T(0);
-  for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
-  return total;
 }
 
 template <typename T>

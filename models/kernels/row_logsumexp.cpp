@@ -27,16 +27,16 @@
 
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
-#include "vec_math.h"  // exp_t, maximum
+#include "vec_math.h"  // exp_t, maximum, sum
 
 namespace {
 
 using lra::check;
 using lra::exp_t;
 using lra::maximum;
+using lra::sum;
 
 constexpr int64_t kQueryBlock = 128;  // query rows per block: 128 x 2048 fp32 scores = 1 MiB
-constexpr int64_t kLanes = 16;        // running sums: one AVX-512 vector of fp32
 
 // lse of each of `rows` rows of `scores` [rows, m] with `bias` [m] added (-inf where no key is attended: exp 0);
 // a row without an attended key gets -inf. Element j is summed in lane j % 16 whatever m is, so keys cut off after
@@ -53,14 +53,8 @@ inline __attribute__((always_inline)) void row_lse_impl(const T* scores, const T
       out[i] = top;
       continue;
     }
-    T lanes[kLanes] = {};
-    int64_t j = 0;
-    for (; j + kLanes <= m; j += kLanes)
-      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += exp_t(shifted[j + l] - top);
-    for (int64_t l = 0; j + l < m; ++l) lanes[l] += exp_t(shifted[j + l] - top);  // element j in lane j % 16
-    T total = T(0);
-    for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
-    out[i] = top + std::log(total);
+    for (int64_t j = 0; j < m; ++j) shifted[j] = exp_t(shifted[j] - top);
+    out[i] = top + std::log(sum(shifted, m));
   }
 }
 

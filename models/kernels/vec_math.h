@@ -1,4 +1,4 @@
-// exp and max for the compiled kernels' fp32 loops, written so that a compiler vectorises a loop over them: no calls,
+// exp, max and sum for the compiled kernels' fp32 loops, written so that a compiler vectorises a loop over them: no calls,
 // no branches, only arithmetic, rounding and bit operations (with `-fno-trapping-math`, GCC turns their selects into
 // vector blends). fp64 (tests, the approximation study) uses the C library's exp.
 //
@@ -54,6 +54,21 @@ inline __attribute__((always_inline)) T maximum(const T* x, int64_t w) {
   T top = lanes[0];
   for (int64_t l = 1; l < kLanes; ++l) top = lanes[l] > top ? lanes[l] : top;
   return top;
+}
+
+// sum of x[0..n), element i in lane i % 16 of 16 running sums (so that the loop vectorises, and a sum over a prefix
+// followed by exact zeros is the prefix's sum bit for bit)
+template <typename T>
+inline __attribute__((always_inline)) T sum(const T* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  T lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
+  for (int64_t l = 0; i + l < n; ++l) lanes[l] += x[i + l];
+  T total = T(0);
+  for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
+  return total;
 }
 
 }  // namespace lra
