@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lra_bench.record.identity import KERNEL_BASELINES
+from lra_bench.record.identity import identity_of
 from lra_bench.record.provenance import hardware
 from lra_bench.reproduction_runs import EVIDENCE_ROOT
 from lra_bench.run.console import QUICK_LOOK, measured_here
@@ -50,13 +50,12 @@ def test_plain_run_py_says_it_is_the_faithful_protocol_before_its_data(tmp_path:
     # (the reproductions run `model.kernels=eager`, plain run.py its default) is another experiment, whose time is not
     # this one's, and so is never said (the selection's other rules: the test below).
     here, path = EVIDENCE_ROOT / "nystromformer" / "listops" / "gpa", compose().model.kernels
-    before = KERNEL_BASELINES["model.kernels"]  # the path of a record made before the choice existed
     records = [json.loads(p.read_text()) for p in here.glob("seed-*/results.json")]
     measured = [
         r
         for r in records
         if r["env"]["hardware"].get("cpu_id") == hardware()["cpu_id"]
-        and r["config"]["model"].get("kernels", before) == path
+        and identity_of(r)["model.kernels"] == path  # (a record from before the choice: its baseline path)
     ]
     if measured:  # this CPU ran the protocol: the line says how long it took here, and where that is from
         assert " — about " in first and f"on this CPU ({len(measured)} completed run" in first, first

@@ -1,6 +1,6 @@
-// exp, max and sum for the compiled kernels' fp32 loops, written so that a compiler vectorises a loop over them: no calls,
-// no branches, only arithmetic, rounding and bit operations (with `-fno-trapping-math`, GCC turns their selects into
-// vector blends). fp64 (tests, the approximation study) uses the C library's exp.
+// exp, max and sum for the compiled kernels' fp32 loops, written so that a compiler vectorises a loop over them: no
+// calls, no branches, only arithmetic, rounding and bit operations (with `-fno-trapping-math`, GCC turns their selects
+// into vector blends). fp64 (tests, the approximation study) uses the C library's exp.
 //
 // Why not ATen's exp: called on cache-sized blocks inside a kernel, at::exp_ cost ~2.4 ns an element on one core
 // (a [128, 1989] block: ~600 us; this loop, with the subtraction and the scaling around it, ~50-170 us), and a fused
