@@ -286,3 +286,16 @@ def test_a_build_killed_mid_way_does_not_block_the_next_load() -> None:
     done = _load_in_a_fresh_process(name, REPO)
     assert done.returncode == 0, done.stderr
     assert not leftover.exists()
+
+
+def test_the_install_step_builds_every_kernel_where_a_run_loads_it() -> None:
+    """`python -m models.kernels` (what `make install` runs, a process per kernel) names every kernel source beside
+    the module a run then loads: the same build folder, so the first run compiles nothing."""
+    done = subprocess.run(
+        [sys.executable, "-m", "models.kernels"], cwd=REPO, capture_output=True, text=True, timeout=600, check=True
+    )
+    listed = dict(line.removeprefix("[lra-bench] kernel ").split(": ", 1) for line in done.stdout.splitlines())
+    assert sorted(listed) == sorted(p.stem for p in kernels.SOURCES.glob("*.cpp"))
+    for name, where in listed.items():
+        module = kernels.load(name)
+        assert module is not None and Path(where) == Path(str(module.__file__)), name
