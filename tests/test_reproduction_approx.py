@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lra_bench import reproduce, reproduction_approx, reproductions
+from lra_bench.registry import ATTENTIONS
 from tests.conftest import TINY_LISTOPS, run_cli
 from tests.test_reproductions import _record
 
@@ -192,6 +193,30 @@ def test_the_page_sets_accuracy_against_error_with_spearman(tmp_path: Path) -> N
     assert "without `approx.json`" in section and "`nystromformer/listops/gpa/seed-1`" in section
     assert "| nystromformer/listops/gpa/seed-1 |" not in section and "seed-2" not in section
     assert "`old`" in section and "no approximation study" in section
+
+
+def test_an_attention_that_estimates_another_operator_is_marked_and_not_correlated(tmp_path: Path) -> None:
+    """Spectral (a value mixer) and Skyformer (an unnormalised Gaussian kernel) are not estimates of softmax attention:
+    their error against it is a distance between operators, so their rows carry a †, the page says what each stands
+    for, and ρ is the one of the softmax attentions alone (here a perfect −1 over four; with the other two it is
+    not)."""
+    from scipy.stats import spearmanr
+
+    root = tmp_path / "evidence"
+    softmax = [("gpa", 0.40, 0.05), ("nystrom", 0.39, 0.1), ("linformer", 0.38, 0.2), ("performer", 0.37, 0.3)]
+    others = [("spectral", 0.41, 1.6), ("skyformer", 0.42, 184.5)]
+    for attn, acc, error in softmax + others:
+        _evidence(root, attn, 0, acc, error)
+    every = spearmanr([a for _, a, _ in softmax + others], [e for _, _, e in softmax + others]).statistic
+    # ranks (4, 3, 2, 1, 5, 6) against (1, …, 6): Σd² = 20, ρ = 1 − 6·20/(6·35) = 3/7 — counted, they would flip it
+    assert every == pytest.approx(3 / 7), "the test's premise"
+    section = _section(reproductions.render(root, figure=None))
+    assert "= -1.000 (n = 4 runs of 4 attentions" in section
+    assert "| spectral | 0 | 41.00 | 1.6000 † |" in section and "| skyformer | 0 | 42.00 | 184.5000 † |" in section
+    assert "| gpa | 0 | 40.00 | 0.0500 |" in section
+    note = next(line for line in section.splitlines() if line.startswith("† "))
+    assert f"skyformer: {ATTENTIONS.get('skyformer').approximates}" in note and "spectral: " in note
+    assert "not in the correlation" in note
 
 
 def test_the_rank_correlation_is_read_honestly() -> None:

@@ -22,6 +22,9 @@ from torch import nn
 from models.cost import Flops, Params, width_memory
 from models.knobs import NamedByConfig, knobs
 
+#: `Attention.approximates` of every variant that computes or estimates softmax attention
+SOFTMAX = "softmax attention"
+
 
 class Attention(NamedByConfig, nn.Module):
     """Base class. A variant describes itself: its `name` and `config`, whether it takes a landmark selector
@@ -46,6 +49,10 @@ class Attention(NamedByConfig, nn.Module):
     config: ClassVar[type | None] = None
     #: whether the variant has an exact causal form (`set_causal(True)`), used by causal self-pretraining
     supports_causal: ClassVar[bool] = False
+    #: the operator the variant computes or estimates: `SOFTMAX` (softmax attention, exactly or approximately), or
+    #: what it stands for instead. Its error against softmax attention is an approximation error only for
+    #: `SOFTMAX`; for any other it is the distance between two operators (the reproductions page says which)
+    approximates: ClassVar[str] = SOFTMAX
 
     def __init__(
         self, head_dim: int, num_heads: int, seq_len: int, cfg: Any = None, selector: nn.Module | None = None

@@ -63,6 +63,7 @@ def symmetric_features(dim: int, degree: int) -> tuple[torch.Tensor, torch.Tenso
 
 class PolynomialAttention(Attention):
     config = PolynomialConfig
+    approximates = "polynomial-kernel attention, exactly"
     upper: torch.Tensor
     index: torch.Tensor
     weights: torch.Tensor

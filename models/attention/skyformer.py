@@ -67,6 +67,7 @@ def gaussian_kernel(
 
 class SkyformerAttention(Attention):
     config = SkyformerConfig
+    approximates = "Gaussian-kernel attention without row normalisation"
     rank_knob = "num_landmarks"
 
     def configure(self, cfg: SkyformerConfig) -> None:

@@ -163,6 +163,7 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 class SpectralAttention(LandmarkAttention):
     config = SpectralConfig
+    approximates = "a value mixer on a bounded affinity of its tokens, tanh by default"
     default_selector = "uniform"
 
     def configure(self, cfg: SpectralConfig) -> None:
