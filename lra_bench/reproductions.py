@@ -449,6 +449,17 @@ APPROX_COLUMNS: tuple[tuple[str, Callable[[Run, dict[str, Any]], Any]], ...] = (
 )
 
 
+def not_softmax_note(attns: Iterable[str]) -> list[str]:
+    """The † line under the approximation table: what each of `attns` that is no estimate of softmax stands for."""
+    others = sorted({a for a in attns if not estimates_softmax(a)})
+    stands = "; ".join(f"{a}: {ATTENTIONS.get(a).approximates}" for a in others)
+    note = (
+        f"† Not an estimate of softmax attention ({stands}): its error against softmax is the distance between two "
+        "operators, not an approximation error, so its runs are not in the correlation below."
+    )
+    return [note, ""] if others else []
+
+
 def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list[str]:
     """Accuracy beside approximation error for every completed on-protocol run of the current network with an
     `approx.json`; the rank correlation across them, read honestly; which completed runs lack the file."""
@@ -476,14 +487,7 @@ def approximation_section(runs: list[Run], variants: Iterable[str] = ()) -> list
         have.sort(key=lambda x: (x[0].protocol, x[0].task, x[0].attn, x[0].seed))
         body = [[cell(r, data) for _, cell in APPROX_COLUMNS] for r, data in have]
         lines += [*table([name for name, _ in APPROX_COLUMNS], body), ""]
-        others = sorted({r.attn for r, _ in have if not estimates_softmax(r.attn)})
-        if others:
-            stands = "; ".join(f"{a}: {ATTENTIONS.get(a).approximates}" for a in others)
-            lines += [
-                f"† Not an estimate of softmax attention ({stands}): its error against softmax is the distance "
-                "between two operators, not an approximation error, so its runs are not in the correlation below.",
-                "",
-            ]
+        lines += not_softmax_note(r.attn for r, _ in have)
         points = [
             (r.attn, 100 * float(r.test_acc or 0.0), float(approx_output_error(d) or 0.0))
             for r, d in have
