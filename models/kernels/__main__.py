@@ -22,9 +22,14 @@ def build(name: str) -> str | None:
     return None if module is None else str(module.__file__)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system has one: Linux; else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 if __name__ == "__main__":
     names = sorted(source.stem for source in SOURCES.glob("*.cpp"))
-    with ProcessPoolExecutor(max_workers=max(1, min(len(names), len(os.sched_getaffinity(0))))) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, min(len(names), usable_cores()))) as pool:
         for name, where in zip(names, pool.map(build, names)):
             if where is not None:
                 print(f"[lra-bench] kernel {name}: {where}")
