@@ -9,6 +9,8 @@ with the trained state: GPA's codebook, Linformer's projections) with exact soft
 in fp64 (`lra_bench.diagnostics.metrics.head_metrics`, as `python -m lra_bench.approx`): output error
 ‖(A − Â)V‖_F / ‖AV‖_F (what the page sets beside test accuracy), matrix error ‖A − Â‖_F / ‖A‖_F, the numerical rank
 of Â and A (#σ_i > `RANK_TOL`·σ_1) and the rank budget the method used — means and medians, no per-sequence values.
+An attention that stands for another operator T than softmax and says which (`target_pair`: spectral's affinity,
+Skyformer's Gaussian kernel) also gets its output error against T (`own_output_error`).
 
 For `attn=full` Â is A: the error is 0 by definition (the fp32-vs-fp64 rounding is kept as `rounding`). Cost: two
 n×n fp64 SVDs per sequence, layer and head — a minute or two on one CPU thread for the Nyströmformer ListOps model.
@@ -97,6 +99,7 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
             )
         layers.append({"layer": layer["layer"], "heads": heads})
     output, matrix = _stats(every, "output_residual"), _stats(every, "matrix_residual")
+    own = _stats(every, "target_output_residual")  # only an attention that stands for another operator has it
     rounding = None
     if exact:
         rounding = {"output_error_max": max(_numbers(every, "output_residual"), default=None)}
@@ -105,6 +108,7 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
     return {
         "output_error": output,
         "matrix_error": matrix,
+        "own_output_error": own if own["mean"] is not None else None,
         "by_definition": (
             "exact softmax attention: Â = A, so its error against exact attention is 0 by definition (reported as 0; "
             "`rounding` is the fp32-vs-fp64 difference measured)"
@@ -145,7 +149,8 @@ def study(
         "what": (
             "the run's own trained attention (each layer and head's implied matrix Â) against exact softmax "
             "attention A on the same q, k, v, fp64: output error ‖(A − Â)V‖_F/‖AV‖_F, matrix error ‖A − Â‖_F/‖A‖_F, "
-            "the numerical rank of Â (σ_i > rank_tol·σ_1) and the effective rank budget"
+            "the numerical rank of Â (σ_i > rank_tol·σ_1) and the effective rank budget; for an attention that "
+            "stands for another operator T than softmax (`target_pair`), own output error ‖(T − T̂)V‖_F/‖TV‖_F"
         ),
         "task": measured["task"],
         "attn": measured["attn"],
@@ -194,9 +199,10 @@ def read(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def output_error(data: dict[str, Any]) -> float | None:
-    """The overall mean output error of an `approx.json`."""
-    value = (data.get("output_error") or {}).get("mean")
+def output_error(data: dict[str, Any], key: str = "output_error") -> float | None:
+    """The overall mean output error of an `approx.json` (`key="own_output_error"`: against the operator the
+    attention stands for, where it is not softmax attention; None where the file has none)."""
+    value = (data.get(key) or {}).get("mean")
     return float(value) if isinstance(value, int | float) else None
 
 

@@ -428,6 +428,12 @@ def estimates_softmax(attn: str) -> bool:
     return attn not in ATTENTIONS.names() or ATTENTIONS.get(attn).approximates == SOFTMAX
 
 
+def _own(data: dict[str, Any]) -> str:
+    """A † row's mark, with its error against the operator it stands for where its `approx.json` has one."""
+    own = approx_output_error(data, "own_output_error")
+    return " †" if own is None else f" † (own operator: {own:.4f})"
+
+
 #: the approximation table: each column's header and its cell of a run and its `approx.json`
 APPROX_COLUMNS: tuple[tuple[str, Callable[[Run, dict[str, Any]], Any]], ...] = (
     ("run", lambda r, _: r.name),
@@ -439,7 +445,7 @@ APPROX_COLUMNS: tuple[tuple[str, Callable[[Run, dict[str, Any]], Any]], ...] = (
         lambda r, d: (
             "0 (by definition)"
             if r.attn == EXACT
-            else f"{approx_output_error(d):.4f}" + ("" if estimates_softmax(r.attn) else " †")
+            else f"{approx_output_error(d):.4f}" + ("" if estimates_softmax(r.attn) else _own(d))
         ),
     ),
     ("rank of Â", lambda _, d: _number((d.get("rank") or {}).get("a_hat_numerical_median"))),
@@ -455,7 +461,8 @@ def not_softmax_note(attns: Iterable[str]) -> list[str]:
     stands = "; ".join(f"{a}: {ATTENTIONS.get(a).approximates}" for a in others)
     note = (
         f"† Not an estimate of softmax attention ({stands}): its error against softmax is the distance between two "
-        "operators, not an approximation error, so its runs are not in the correlation below."
+        "operators, not an approximation error, so its runs are not in the correlation below; *own operator*: its "
+        "error against the operator it stands for, where the study measured one."
     )
     return [note, ""] if others else []
 

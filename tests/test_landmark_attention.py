@@ -433,3 +433,21 @@ def test_skyformers_gaussian_kernel_is_the_distance_formula_with_left_out_rows_a
     for got, expected in zip(torch.autograd.grad(ours, (a, b), upstream), torch.autograd.grad(want, (a, b), upstream)):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+
+
+def test_skyformers_target_is_its_own_gaussian_kernel_attention_with_pads_at_zero() -> None:
+    """Skyformer stands for κ(Q, K) = exp(−‖q − k‖²/2) on d^(-1/4)-scaled q, k, without row normalisation (not softmax
+    attention): its target pair is that matrix (an fp64 distance oracle) and its own estimate (`implied_matrix`), both
+    zero on pad rows and columns — the pair the diagnostics and the reproductions' approx.json score it on."""
+    n, real = 24, 17
+    module = make("skyformer", None, seq_len=n).eval()
+    q, k, _ = qkv(n, scale=0.7)
+    mask = padded(n, real)
+    exact, approx = module.target_pair(q, k, mask)
+    scale = D**-0.25
+    oracle = torch.exp(-0.5 * torch.cdist(q.double() * scale, k.double() * scale).square())
+    pair = (mask[:, None, :, None] & mask[:, None, None, :]).to(oracle.dtype)
+    torch.testing.assert_close(exact.double(), oracle * pair, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(approx, module.implied_matrix(q, k, mask) * pair.to(approx.dtype))
+    assert (exact[1, :, real:] == 0).all() and (approx[1, :, :, real:] == 0).all()
+    assert exact.sum(-1).max() > 1.5, "unnormalised: rows of the Gaussian kernel do not sum to 1"

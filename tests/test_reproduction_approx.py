@@ -207,16 +207,37 @@ def test_an_attention_that_estimates_another_operator_is_marked_and_not_correlat
     others = [("spectral", 0.41, 1.6), ("skyformer", 0.42, 184.5)]
     for attn, acc, error in softmax + others:
         _evidence(root, attn, 0, acc, error)
+    approx = reproduce.evidence_dir("nystromformer", "listops", "skyformer", 0, root) / reproduction_approx.APPROX_FILE
+    with_own = {**json.loads(approx.read_text()), "own_output_error": {"mean": 0.12, "median": 0.1}}
+    approx.write_text(json.dumps(with_own))  # its error against its own Gaussian-kernel attention
     every = spearmanr([a for _, a, _ in softmax + others], [e for _, _, e in softmax + others]).statistic
     # ranks (4, 3, 2, 1, 5, 6) against (1, …, 6): Σd² = 20, ρ = 1 − 6·20/(6·35) = 3/7 — counted, they would flip it
     assert every == pytest.approx(3 / 7), "the test's premise"
     section = _section(reproductions.render(root, figure=None))
     assert "= -1.000 (n = 4 runs of 4 attentions" in section
-    assert "| spectral | 0 | 41.00 | 1.6000 † |" in section and "| skyformer | 0 | 42.00 | 184.5000 † |" in section
+    assert "| spectral | 0 | 41.00 | 1.6000 † |" in section
+    assert "| skyformer | 0 | 42.00 | 184.5000 † (own operator: 0.1200) |" in section
     assert "| gpa | 0 | 40.00 | 0.0500 |" in section
     note = next(line for line in section.splitlines() if line.startswith("† "))
     assert f"skyformer: {ATTENTIONS.get('skyformer').approximates}" in note and "spectral: " in note
     assert "not in the correlation" in note
+
+
+def test_an_own_operator_error_is_summarised_only_where_the_attention_has_one() -> None:
+    """`target_output_residual` (the diagnostics' error against `target_pair`'s operator) becomes `own_output_error`
+    (mean and median over every sequence, layer and head); an attention without a target pair gets None."""
+    rows = [
+        {"output_residual": 150.0, "matrix_residual": 140.0, "target_output_residual": 0.1},
+        {"output_residual": 170.0, "matrix_residual": 160.0, "target_output_residual": 0.3},
+        {"output_residual": 160.0, "matrix_residual": 150.0, "target_output_residual": 0.5},
+    ]
+    layers = [{"layer": 0, "heads": [{"head": 0, "sequences": rows[:2]}, {"head": 1, "sequences": rows[2:]}]}]
+    out = reproduction_approx.summarise({"diag": {"layers": layers}, "attn": "skyformer"})
+    assert out["own_output_error"] == pytest.approx({"mean": 0.3, "median": 0.3})
+    assert out["output_error"] == pytest.approx({"mean": 160.0, "median": 160.0})
+    plain = [{k: v for k, v in r.items() if not k.startswith("target")} for r in rows]
+    layers = [{"layer": 0, "heads": [{"head": 0, "sequences": plain}]}]
+    assert reproduction_approx.summarise({"diag": {"layers": layers}, "attn": "nystrom"})["own_output_error"] is None
 
 
 def test_the_rank_correlation_is_read_honestly() -> None:

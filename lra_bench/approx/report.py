@@ -186,7 +186,11 @@ def _source_lines(data: dict[str, Any], source: str, h: str, img_dir: str) -> li
     for metric, title in METRIC_TITLES:
         out += [f"{title}:", "", *_metric_table(rows, metric, ms), ""]
     if any(a.get("target") == "own" for a in rows):
-        out += ["† scored against its own target operator (not softmax), see the verdict on (b).", ""]
+        out += [
+            "† scored against the operator it stands for, not softmax (`target_pair`: spectral's bounded affinity, "
+            "see the verdict on (b); Skyformer's Gaussian kernel).",
+            "",
+        ]
     name = f"approx_{source}.png"
     if name in data.get("plots", []):
         out.append(

@@ -7,7 +7,7 @@ Two groups of methods:
   `SOLVES`; the same seed gives the same landmarks under each, so the solves are paired;
 * `attention`: every registered attention except `full`, at its paper defaults with its own selector. One that
   approximates another operator than softmax (`target_pair(q, k, mask) → (T, T̂)`: the spectral mixer's tanh
-  affinity) is scored on that pair instead, and says so (`target: own`).
+  affinity, Skyformer's Gaussian kernel) is scored on that pair instead, and says so (`target: own`).
 """
 
 from __future__ import annotations

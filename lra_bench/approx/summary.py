@@ -407,8 +407,14 @@ def verdict_pivoted_output(agg: list[dict[str, Any]], claim: dict[str, Any]) -> 
 
 
 def verdict_spectral(agg: list[dict[str, Any]]) -> dict[str, Any]:
-    """Outlier-spectral (b): does a larger s lower the residual against the method's own target?"""
-    own = [a for a in agg if a["group"] == "attention" and a.get("target") == "own" and a["m"] is not None]
+    """Outlier-spectral (b): does a larger s lower the residual against the method's own target? (Its rows only:
+    Skyformer is scored against its own target too; an attention's label is `<attn>[/<selector>]`.)"""
+    own = [
+        a
+        for a in agg
+        if a["group"] == "attention" and a.get("target") == "own" and a["m"] is not None
+        and a["label"].split("/")[0] == "spectral"
+    ]  # fmt: skip
     if not own:
         return {"claim": "spectral_s", "verdict": "not measured", "rows": []}
     rows, parts = [], []

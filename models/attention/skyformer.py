@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from models.attention.base import Attention
-from models.attention.numerics import exact_pinv, fp32_core, iterative_pinv
+from models.attention.numerics import core_precision, exact_pinv, fp32_core, iterative_pinv
 from models.cost import Flops, Params, pinv_flops
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import broadcast_mask, gather_tokens
@@ -120,6 +120,19 @@ class SkyformerAttention(Attention):
         if mask is not None:
             mat = mat * mask[:, None, :, None]
         return mat
+
+    def target_pair(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None):
+        """(κ(Q, K), κ(Q, X_S) W⁺ κ(X_S, K)): the unnormalised Gaussian-kernel attention the method approximates and
+        its Nyström estimate, `[B, H, N, N]` with pads zero (diagnostics only): its error against softmax attention
+        is a distance between two operators, this pair's is its approximation error."""
+        scale = q.shape[-1] ** -0.25
+        with fp32_core(q.device):
+            exact = gaussian_kernel(core_precision(q) * scale, core_precision(k) * scale)
+        approx = self.implied_matrix(q, k, mask).to(exact.dtype)
+        if mask is not None:
+            pair = mask[:, None, :, None] & mask[:, None, None, :]
+            exact, approx = exact * pair, approx * pair
+        return exact, approx
 
     @classmethod
     def flops(cls, n: int, m: int | None, d: int, params: Params) -> Flops:
