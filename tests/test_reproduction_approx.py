@@ -19,6 +19,7 @@ from tests.test_reproductions import _record
 
 KEYS = {
     "schema_version",
+    "own_output_error",
     "what",
     "task",
     "attn",
@@ -89,6 +90,7 @@ def test_approx_json_of_a_real_checkpoint_full_is_exact_and_nystrom_is_not(tmp_p
     data = json.loads(path.read_text())
     assert set(data) == KEYS and path.stat().st_size < 16_000
     assert data["attn"] == "nystrom" and data["by_definition"] is None
+    assert data["own_output_error"] is None  # an estimate of softmax attention: no other operator to score it on
     assert data["output_error"]["mean"] > 0 and data["matrix_error"]["mean"] > 0
     assert all(h["output_error_mean"] > 0 for layer in data["layers"] for h in layer["heads"])
     assert 1 <= data["rank"]["a_hat_numerical_median"] <= data["rank"]["budget_nominal"] == 8
