@@ -423,8 +423,7 @@ def _probe(data: dict[str, Any]) -> str:
 
 def estimates_softmax(attn: str) -> bool:
     """Whether attention `attn` computes or estimates softmax attention (`Attention.approximates`), so that its
-    error against softmax is an approximation error; an attention this checkout does not know
-    counts as one (nothing says otherwise)."""
+    error against softmax is an approximation error; an attention this checkout does not know counts as one."""
     return attn not in ATTENTIONS.names() or ATTENTIONS.get(attn).approximates == SOFTMAX
 
 
