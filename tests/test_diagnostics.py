@@ -307,8 +307,12 @@ def same(a, b) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
-    [["attn=gpa", "selector.refresh_every=2"], ["attn=nystrom", "selector=uniform", "attn.num_landmarks=8"]],
-    ids=["gpa", "nystrom-uniform"],
+    [
+        ["attn=gpa", "selector.refresh_every=2"],
+        ["attn=nystrom", "selector=uniform", "attn.num_landmarks=8"],
+        ["attn=skyformer", "attn.num_landmarks=8"],  # its target pair draws landmarks again: never its training stream
+    ],
+    ids=["gpa", "nystrom-uniform", "skyformer"],
 )
 def test_diagnostics_never_change_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str]
