@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from lra_bench.config.spec import settle_kernels
 from lra_bench.record.identity import identity_of
 from lra_bench.record.provenance import hardware
 from lra_bench.reproduction_runs import EVIDENCE_ROOT
@@ -49,7 +50,9 @@ def test_plain_run_py_says_it_is_the_faithful_protocol_before_its_data(tmp_path:
     # The committed gpa runs this CPU completed on the encoder path plain run.py takes: a run on another kernel path
     # (the reproductions run `model.kernels=eager`, plain run.py its default) is another experiment, whose time is not
     # this one's, and so is never said (the selection's other rules: the test below).
-    here, path = EVIDENCE_ROOT / "nystromformer" / "listops" / "gpa", compose().model.kernels
+    plain = compose(["task=listops", "attn=gpa"])
+    settle_kernels(plain)  # `auto` becomes the path plain run.py computes on here, as its record names it
+    here, path = EVIDENCE_ROOT / "nystromformer" / "listops" / "gpa", plain.model.kernels
     records = [json.loads(p.read_text()) for p in here.glob("seed-*/results.json")]
     measured = [
         r
