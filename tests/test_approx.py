@@ -321,3 +321,19 @@ def test_plots_clip_a_vanishing_floor(tmp_path: Path, monkeypatch: pytest.Monkey
         assert ax.get_ylim()[0] >= floor / 2, "the axis is not stretched down to the vanishing floor"
     notes = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert any("drawn at" in t for t in notes), notes
+
+
+def test_the_spectral_verdict_reads_spectral_rows_only() -> None:
+    """Spectral and Skyformer are both scored against their own targets (`target: own`); the outlier-spectral verdict
+    (does a larger s lower spectral's residual?) reads spectral's rows, never Skyformer's (a rising residual here)."""
+    from lra_bench.approx.summary import verdict_spectral
+
+    def row(attn: str, label: str, m: int, residual: float) -> dict[str, Any]:
+        return {"group": "attention", "attn": attn, "label": label, "target": "own", "m": m, "source": "clusters",
+                "output_residual": residual}  # fmt: skip
+
+    agg = [row("spectral", "spectral/uniform", 4, 0.5), row("spectral", "spectral/uniform", 8, 0.3)]
+    agg += [row("skyformer", "skyformer", 4, 0.1), row("skyformer", "skyformer", 8, 0.2)]
+    verdict = verdict_spectral(agg)
+    assert [r["label"] for r in verdict["rows"]] == ["spectral/uniform"] and verdict["rows"][0]["monotone"]
+    assert "`spectral/uniform`" in verdict["verdict"] and "Decreasing on 1/1 inputs" in verdict["verdict"]

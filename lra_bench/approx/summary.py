@@ -68,6 +68,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "source": source,
             "group": group,
             "label": label,
+            "attn": rs[0].get("attn"),
             "solve": solve,
             "m": m,
             "count": len(rs),
@@ -408,13 +409,12 @@ def verdict_pivoted_output(agg: list[dict[str, Any]], claim: dict[str, Any]) -> 
 
 def verdict_spectral(agg: list[dict[str, Any]]) -> dict[str, Any]:
     """Outlier-spectral (b): does a larger s lower the residual against the method's own target? (Its rows only:
-    Skyformer is scored against its own target too; an attention's label is `<attn>[/<selector>]`.)"""
+    Skyformer is scored against its own target too.)"""
     own = [
         a
         for a in agg
-        if a["group"] == "attention" and a.get("target") == "own" and a["m"] is not None
-        and a["label"].split("/")[0] == "spectral"
-    ]  # fmt: skip
+        if a["group"] == "attention" and a.get("attn") == "spectral" and a.get("target") == "own" and a["m"] is not None
+    ]
     if not own:
         return {"claim": "spectral_s", "verdict": "not measured", "rows": []}
     rows, parts = [], []
