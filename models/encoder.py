@@ -216,6 +216,8 @@ class Encoder(nn.Module):
         attentions = [cast(Block, block).attn.attention for block in self.blocks]
         for attention in attentions[1:]:  # what a variant shares across layers is the first block's (`share_with`)
             attention.share_with(attentions[0])
+        for attention in attentions:
+            attention.compiled = kernels in COMPILED
         self.norm = nn.LayerNorm(dim)
         nn.init.normal_(self.token_emb.weight, std=0.02)
         nn.init.normal_(self.pos_emb.weight, std=0.02)

@@ -2,7 +2,8 @@
 form with the kernel's own mask (fp64 values and gradients, fp32 at rounding), torch's gradcheck, the mask's
 distribution, independence from the thread count, and `attn=full` routing its CPU training through it. The row
 log-sum-exp of residual-pivoted attention and the degree-2 features of polynomial attention: against their eager
-forms (values and gradients), gradcheck, and each attention whole on both kernels.
+forms (values and gradients), gradcheck, and each attention whole on both kernels. Nyström's convolution skip: against
+the eager conv (values, both gradients), gradcheck, the thread count, and the encoder taking it with its chain.
 
 The first test in a fresh cache compiles the kernels (about a minute each); the rest load them."""
 
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -228,6 +230,94 @@ def test_polynomial_features_match_the_torch_form() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     rows = q.shape[:-1].numel()  # b·h·n
     assert kept == [rows * (16 + 1), rows * 16 * 17 // 2], "fused: nothing larger than [V | 1] kept; eager: φ"
+
+
+def conv_skip(n: int, d: int, dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Nyström attention (3 heads, the protocol's 35 taps), values `[2, 3, n, d]` and a key mask whose second sequence
+    ends in pads."""
+    from lra_bench.registry import build_attention, build_selector
+
+    attention = build_attention(
+        "nystrom", head_dim=d, num_heads=3, seq_len=n, selector=build_selector("segment_means"), num_landmarks=4
+    ).to(dtype)
+    gen = torch.Generator().manual_seed(7)
+    v = torch.randn(2, 3, n, d, dtype=dtype, generator=gen, requires_grad=True)
+    keys = torch.ones(2, n, dtype=torch.bool)
+    keys[1, n - n // 3 :] = False
+    return attention, v, keys
+
+
+def skip_and_grads(attention: Any, v: torch.Tensor, keys: torch.Tensor, compiled: bool) -> list[torch.Tensor]:
+    """The skip on the path `compiled` names, and its gradients with respect to `v` and the taps."""
+    attention.compiled = compiled
+    out = attention.skip(v, keys)
+    upstream = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(8))
+    return [out, *torch.autograd.grad(out, (v, attention.conv.weight), upstream)]
+
+
+# (n, d): an interior that ends in a part chunk (300 rows: (300 - 34) · 16 = 66 chunks of 64 and 32 more), taps cut
+# at both ends of every row (20 rows < 35 taps), a width that is no multiple of a vector (5)
+CONV_SHAPES = [(300, 16), (20, 8), (77, 5)]
+
+
+@pytest.mark.parametrize(("n", "d"), CONV_SHAPES)
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_the_convolution_skip_matches_the_eager_form(n: int, d: int, dtype: torch.dtype, tol: float) -> None:
+    """Nyström's convolution skip, compiled (`models.kernels.depthwise_conv`) against the eager channels-last conv:
+    values, the values' gradient and the taps' gradient, pads zeroed before the convolution; fp32's forward is the
+    same sums in the same order (equal up to FMA contraction)."""
+    attention, v, keys = conv_skip(n, d, dtype)
+    ours, eager = skip_and_grads(attention, v, keys, True), skip_and_grads(attention, v, keys, False)
+    for got, want in zip(ours, eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * max(1.0, float(want.detach().abs().max())))
+    assert "DepthwiseConv" in type(ours[0].grad_fn).__name__  # the compiled path ran
+
+
+def test_the_convolution_skip_passes_gradcheck_and_ignores_the_thread_count() -> None:
+    """torch's gradcheck in fp64 (values and taps, pads in the second sequence); and the fp32 results, the taps'
+    gradient summed over slabs included, bit for bit the same on 1 and 2 threads."""
+    from models.kernels.depthwise_conv import DepthwiseConv
+
+    _, v, keys = conv_skip(20, 3, torch.float64)
+    weight = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(9), requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v, w: DepthwiseConv.apply(v, keys, w), (v, weight))
+    attention, v, keys = conv_skip(300, 16, torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = skip_and_grads(attention, v, keys, True)
+        torch.set_num_threads(2)
+        two = skip_and_grads(attention, v, keys, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+
+
+def test_the_encoder_runs_the_convolution_skip_compiled_exactly_where_its_chain_is() -> None:
+    """`model.kernels` says how the whole network computes: the encoder's compiled chain (auto, fused) takes the
+    compiled skip with it, the eager one keeps the eager conv."""
+    from lra_bench.registry import build_attention, build_selector
+    from models.build import build_classifier
+    from models.encoder import Block
+
+    def nystrom(layer: int, n: int) -> Any:
+        return build_attention("nystrom", head_dim=8, num_heads=2, seq_len=n, selector=build_selector("segment_means"))
+
+    def skip_path(kernels: str) -> str:
+        model = build_classifier(
+            vocab_size=20,
+            seq_len=64,
+            num_classes=5,
+            dual=False,
+            model={"dim": 16, "depth": 1, "num_heads": 2, "head_dim": 8, "ffn_dim": 32, "kernels": kernels},
+            make_attention=nystrom,
+        )
+        attention = next(m for m in model.modules() if isinstance(m, Block)).attn.attention
+        v = torch.randn(1, 2, 64, 8, requires_grad=True)
+        return type(attention.skip(v, None).grad_fn).__name__
+
+    assert "DepthwiseConv" in skip_path("fused") and "DepthwiseConv" in skip_path("auto")
+    assert "DepthwiseConv" not in skip_path("eager")
 
 
 def _load_in_a_fresh_process(name: str, checkout: Path) -> subprocess.CompletedProcess[str]:

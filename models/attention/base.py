@@ -53,6 +53,11 @@ class Attention(NamedByConfig, nn.Module):
     #: what it stands for instead. Its error against softmax attention is an approximation error only for
     #: `SOFTMAX`; for any other it is the distance between two operators (the reproductions page says which)
     approximates: ClassVar[str] = SOFTMAX
+    #: whether the encoder around this instance runs its chain compiled (`model.kernels` auto | fused; the encoder
+    #: sets it): a variant then runs its own memory-bound passes through compiled kernels where they apply (Nyström's
+    #: convolution skip), so one setting says how a whole network computes. False for an attention called on its own
+    #: (the attention benchmark, the approximation study, tests): the eager form
+    compiled: bool = False
 
     def __init__(
         self, head_dim: int, num_heads: int, seq_len: int, cfg: Any = None, selector: nn.Module | None = None

@@ -37,6 +37,7 @@ from models.attention.numerics import (
     stable_pinv,
 )
 from models.cost import Flops, Params, conv_flops, pinv_flops
+from models.kernels import depthwise_conv, fused_encoder
 from models.knobs import knobs
 from models.landmarks.base import Landmarks
 
@@ -106,8 +107,14 @@ class NystromAttention(LandmarkAttention):
         return NystromKernels(left=left, core_inv=core_inv, right=right, landmarks=lm)
 
     def skip(self, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The convolution skip of `v` (None without one): through the compiled kernel `models.kernels.depthwise_conv`
+        where the encoder's chain is compiled (`compiled`), in place on the head-major values with the mask folded in
+        (the values below at fp32 rounding); else the eager form below."""
         if self.conv is None:
             return None
+        weight = self.conv.weight.view(self.num_heads, -1)  # [H, k]
+        if self.compiled and fused_encoder.applies(v) and depthwise_conv.applies(v, weight):  # where the chain runs
+            return depthwise_conv.depthwise_conv(v, mask, weight)  # compiled too (`models.encoder.fused`)
         # The same depthwise (k×1) convolution of each head's V along the sequence, run as an H·D-channel depthwise conv
         # on the token-major layout [B, N, H·D] (channels-last): AVX-512 vectorises over 64 channels instead of 2 —
         # forward + backward 135 → 40 ms at B=32, H=2, N=2048, D=32 on one CPU thread (`python -m
@@ -118,8 +125,8 @@ class NystromAttention(LandmarkAttention):
         if mask is not None:
             tokens = tokens * mask[:, :, None, None].to(v.dtype)
         x = tokens.reshape(b, n, 1, h * d).permute(0, 3, 1, 2)  # [B, H·D, N, 1] in channels-last memory
-        weight = self.conv.weight.repeat_interleave(d, dim=0)  # [H·D, 1, k, 1]: head h's kernel on its D channels
-        y = nn.functional.conv2d(x, weight, padding=self.conv.padding, groups=h * d)
+        channels = self.conv.weight.repeat_interleave(d, dim=0)  # [H·D, 1, k, 1]: head h's kernel on its D channels
+        y = nn.functional.conv2d(x, channels, padding=self.conv.padding, groups=h * d)
         return y.permute(0, 2, 3, 1).reshape(b, n, h, d).transpose(1, 2)  # [B, H, N, D] (token-major memory)
 
     def forward(self, q, k, v, mask):

@@ -2,9 +2,9 @@
 wait for the compiler; prints where each one lives, or the line saying why it could not be built.
 
 Why a process per kernel: each kernel is one source file, so torch's loader compiles it on one core; built one
-after another the six took 140 s of an install on a 2-core Zen 5 (idle, fresh cache), built side by side, one process
-per usable core, 69 s. Each build is its own folder under its own lock (`models.kernels.load`), so the processes never
-share a file.
+after another the six there were then took 140 s of an install on a 2-core Zen 5 (idle, fresh cache), built side by
+side, one process per usable core, 69 s. Each build is its own folder under its own lock (`models.kernels.load`), so
+the processes never share a file.
 """
 
 from __future__ import annotations
