@@ -152,3 +152,30 @@ def test_bad_settings_name_the_key() -> None:
         build_selector("kmeans", init="lloyd")
     with pytest.raises(ValueError, match=r"selector.restarts=0"):
         build_selector("kmeans", restarts=0)
+
+
+def test_cluster_means_take_index_adds_values_and_gradients_and_send_the_gradient_d_major() -> None:
+    """`cluster_means` on a CPU: the means, counts and the gradient bit for bit those of a plain `index_add` over
+    the real rows (its own autograd: a copy of each row's cluster's gradient; pads get none), with the gradient laid
+    out D-major — the layout of the landmark kernels' gradients it is added to (`SlotSums`)."""
+    from models.landmarks.base import cluster_means
+
+    gen = torch.Generator().manual_seed(3)
+    b, h, n, d, m = 3, 2, 40, 6, 5
+    x = torch.randn(b, h, n, d, generator=gen, requires_grad=True)
+    assignment = torch.randint(0, m, (b, h, n), generator=gen)
+    mask = (torch.arange(n) < torch.tensor([40, 23, 7])[:, None])[:, None, :]
+    means, counts = cluster_means(x, assignment, mask, m)
+    upstream = torch.randn(means.shape, generator=gen)
+    (grad,) = torch.autograd.grad(means, x, upstream)
+
+    real = mask.expand(b, h, n).reshape(-1)
+    rows = torch.arange(b * h).repeat_interleave(n) * m + assignment.reshape(-1)
+    leaf = x.detach().clone().requires_grad_()
+    sums = leaf.new_zeros(b * h * m, d).index_add(0, rows[real], leaf.reshape(-1, d)[real]).view(b, h, m, d)
+    expected_counts = torch.bincount(rows[real], minlength=b * h * m).float().view(b, h, m)
+    expected = sums / expected_counts.clamp_min(1.0).unsqueeze(-1)
+    (expected_grad,) = torch.autograd.grad(expected, leaf, upstream)
+    assert torch.equal(counts, expected_counts) and torch.equal(means, expected)
+    assert torch.equal(grad, expected_grad)
+    assert grad.stride()[-2:] == (1, n), "the gradient is D-major: [B, H, D, N] in memory"
