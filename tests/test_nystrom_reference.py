@@ -128,6 +128,25 @@ def test_padded_ignores_pad_values_queries_and_keys() -> None:
     assert torch.allclose(real_rows(out, mask), real_rows(moved, mask), atol=1e-10)
 
 
+@pytest.mark.parametrize("n", [64, 60])
+def test_padded_landmarks_take_torchs_mean_and_its_gradient_bit_for_bit_sent_d_major(n: int) -> None:
+    """The block means (`BlockMeans`) against torch's own reshape-and-mean on the zeroed (and, at n = 60, extended)
+    sequence: the same means and the same gradient bit for bit, the gradient laid out D-major — the layout of the
+    Nyström kernels' gradients it is added to."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(B, H, n, D, generator=gen, requires_grad=True)
+    mask = torch.arange(n)[None, None, :] < torch.tensor([23, n])[:, None, None]
+    sel = build_selector("segment_means", over="padded")
+    means = sel(x, x.detach(), mask[:, 0], M).queries
+    upstream = torch.randn(means.shape, generator=gen)
+    (grad,) = torch.autograd.grad(means, x, upstream)
+    zeroed = F.pad(x * mask[..., None], (0, 0, 0, -n % M))
+    expected = zeroed.reshape(B, H, M, -1, D).mean(-2)
+    assert torch.equal(means, expected)
+    assert torch.equal(grad, torch.autograd.grad(expected, x, upstream)[0])
+    assert grad.stride()[-2:] == (1, n), "the gradient is D-major: [B, H, D, N] in memory"
+
+
 def test_a_length_the_reference_cannot_run_is_extended_with_pads() -> None:
     """The reference's reshape needs m | n. At n = 60, m = 8 ours extends the sequence with 4 pad positions, so its
     landmarks are the reference's on that 64-long padded sequence (blocks of 8), and its real rows the reference's
