@@ -154,10 +154,11 @@ def test_bad_settings_name_the_key() -> None:
         build_selector("kmeans", restarts=0)
 
 
-def test_cluster_means_take_index_adds_values_and_gradients_and_send_the_gradient_d_major() -> None:
+@pytest.mark.parametrize("d_major", [False, True])
+def test_cluster_means_take_index_adds_values_and_gradients_in_the_layout_asked_for(d_major: bool) -> None:
     """`cluster_means` on a CPU: the means, counts and the gradient bit for bit those of a plain `index_add` over
-    the real rows (its own autograd: a copy of each row's cluster's gradient; pads get none), with the gradient laid
-    out D-major — the layout of the landmark kernels' gradients it is added to (`SlotSums`)."""
+    the real rows (its own autograd: a copy of each row's cluster's gradient; pads get none), the gradient laid out
+    row-major or D-major as asked (`SlotSums`: the layout of the landmark kernels' gradient it is added to)."""
     from models.landmarks.base import cluster_means
 
     gen = torch.Generator().manual_seed(3)
@@ -165,7 +166,7 @@ def test_cluster_means_take_index_adds_values_and_gradients_and_send_the_gradien
     x = torch.randn(b, h, n, d, generator=gen, requires_grad=True)
     assignment = torch.randint(0, m, (b, h, n), generator=gen)
     mask = (torch.arange(n) < torch.tensor([40, 23, 7])[:, None])[:, None, :]
-    means, counts = cluster_means(x, assignment, mask, m)
+    means, counts = cluster_means(x, assignment, mask, m, d_major)
     upstream = torch.randn(means.shape, generator=gen)
     (grad,) = torch.autograd.grad(means, x, upstream)
 
@@ -178,4 +179,4 @@ def test_cluster_means_take_index_adds_values_and_gradients_and_send_the_gradien
     (expected_grad,) = torch.autograd.grad(expected, leaf, upstream)
     assert torch.equal(counts, expected_counts) and torch.equal(means, expected)
     assert torch.equal(grad, expected_grad)
-    assert grad.stride()[-2:] == (1, n), "the gradient is D-major: [B, H, D, N] in memory"
+    assert grad.stride()[-2:] == ((1, n) if d_major else (d, 1)), "the gradient in the layout asked for"

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from lra_bench.registry import build_attention, build_selector
+from models.landmarks.base import gradient_d_major
 
 B, H, N, D, M = 2, 2, 64, 8, 8
 REAL = (23, 64)  # one padded sequence, one without padding
@@ -131,8 +132,9 @@ def test_padded_ignores_pad_values_queries_and_keys() -> None:
 @pytest.mark.parametrize("n", [64, 60])
 def test_padded_landmarks_take_torchs_mean_and_its_gradient_bit_for_bit_sent_d_major(n: int) -> None:
     """The block means (`BlockMeans`) against torch's own reshape-and-mean on the zeroed (and, at n = 60, extended)
-    sequence: the same means and the same gradient bit for bit, the gradient laid out D-major — the layout of the
-    Nyström kernels' gradients it is added to."""
+    sequence: the same means and the same gradient bit for bit, each gradient laid out as the Nyström kernels'
+    gradient of the same tensor it is added to (the keys' D-major; the queries' D-major where the left kernel takes
+    the short axis)."""
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(B, H, n, D, generator=gen, requires_grad=True)
     mask = torch.arange(n)[None, None, :] < torch.tensor([23, n])[:, None, None]
@@ -144,7 +146,10 @@ def test_padded_landmarks_take_torchs_mean_and_its_gradient_bit_for_bit_sent_d_m
     expected = zeroed.reshape(B, H, M, -1, D).mean(-2)
     assert torch.equal(means, expected)
     assert torch.equal(grad, torch.autograd.grad(expected, x, upstream)[0])
-    assert grad.stride()[-2:] == (1, n), "the gradient is D-major: [B, H, D, N] in memory"
+    d_major = gradient_d_major("queries", M, x.device)  # where the left kernel's gradient of q is D-major
+    assert (grad.stride()[-2:] == (1, n)) == d_major, "the gradient is in the layout of the left kernel's"
+    (key_grad,) = torch.autograd.grad(sel(x.detach(), x, mask[:, 0], M).keys, x, upstream)
+    assert key_grad.stride()[-2:] == (1, n), "the keys' gradient is D-major, as Q̃Kᵀ's"
 
 
 def test_a_length_the_reference_cannot_run_is_extended_with_pads() -> None:

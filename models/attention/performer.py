@@ -207,7 +207,12 @@ class PerformerAttention(Attention):
             if keep is not None:
                 vf = vf * keep
             ones = torch.ones_like(v[..., :1], dtype=torch.float32)
-            both = phi_q @ (phi_k.transpose(-1, -2) @ torch.cat([vf, ones], dim=-1))
+            # φ(K)ᵀ[V | 1] taken as ([V | 1]ᵀ φ(K))ᵀ: the same dot products over the keys, but φ(K)'s gradient
+            # ([V | 1] times the [D+1, M] gradient) comes out in φ(K)'s own row-major layout, where φ(K)ᵀ's came
+            # transposed and the features' backward multiplied it with the row-major exponential element by element
+            # across the two layouts (the slowest pass of the step), then copied it row-major for the projection's
+            summary = (torch.cat([vf, ones], dim=-1).transpose(-1, -2) @ phi_k).transpose(-1, -2)  # [B, H, M, D + 1]
+            both = phi_q @ summary
             out = both[..., :-1] / both[..., -1:].clamp_min(1e-30)
         return out.to(v.dtype)
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from models.cost import Flops, Params
+from models.cpu import below_vector_width
 from models.knobs import NamedByConfig
 
 
@@ -81,42 +82,51 @@ def length_groups(eligible: torch.Tensor, minimum: int = 1, size: int = LENGTH_G
     return groups
 
 
+def gradient_d_major(role: str, m: int, device: torch.device) -> bool:
+    """Whether the gradient of the `role` ("queries" | "keys") a landmark mean is taken of should be written D-major
+    (`[B, H, D, N]` in memory): the layout of the landmark kernels' gradient of the same tensor, which autograd adds
+    to it. Q̃Kᵀ sends the keys' D-major; `landmark_weights` sends the queries' D-major where it takes the short axis
+    (`models.cpu.below_vector_width`), row-major otherwise.
+
+    Why: a sum of two gradients in different layouts reads one of them against its layout, element by element across
+    cache lines — ~4.8 ms per [32, 2, 2048, 32] add on one Zen 5 thread, ~1.1 in one layout."""
+    return role == "keys" or below_vector_width(m, device)
+
+
 class SlotSums(torch.autograd.Function):
     """`sums [B, H, S, D]`: the rows of `x [B, H, N, D]` summed into slot `slot [B, H, N]` (S slots) by one sequential
-    `index_add` (deterministic on a CPU); its gradient is each row's slot's, a copy, written D-major (`[B, H, D, N]`
-    in memory, returned as its transposed view).
-
-    Why D-major: the attentions that take cluster means also take the same q and k through the landmark kernels,
-    whose gradients arrive D-major (`landmark_weights`' `[m, N]` scores, Q̃Kᵀ), and autograd adds the two. A
-    D-major sum plus `index_select`'s row-major gradient (sliced out of [q | k]) ran ~4.8 ms per [32, 2, 2048, 32]
-    add on one Zen 5 thread, two layouts alike ~1.1; the D-major gather costs ~2 ms more than `index_select`, so GPA's
-    layer saves ~5 ms forward + backward. The values are the same bit for bit (a gradient element is a copy either
-    way; a sum of the same two numbers in any layout)."""
+    `index_add` (deterministic on a CPU); its gradient is each row's slot's, a copy, written row-major or D-major
+    (`d_major`: `[B, H, D, N]` in memory, returned as its transposed view; see `gradient_d_major`). The values are
+    `index_add`'s own bit for bit either way."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, slot: torch.Tensor, slots: int) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, slot: torch.Tensor, slots: int, d_major: bool) -> torch.Tensor:
         b, h, n, d = x.shape
         ids = (slot + torch.arange(b * h, device=x.device).view(b, h, 1) * slots).reshape(-1)
-        ctx.save_for_backward(slot)
+        ctx.save_for_backward(slot, ids)
+        ctx.d_major = d_major
         return x.new_zeros(b * h * slots, d).index_add(0, ids, x.reshape(-1, d)).view(b, h, slots, d)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (slot,) = ctx.saved_tensors
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        slot, ids = ctx.saved_tensors
         b, h, slots, d = grad.shape
+        if not ctx.d_major:
+            return grad.reshape(-1, d).index_select(0, ids).view(b, h, -1, d), None, None, None
         per_feature = grad.transpose(-1, -2).contiguous()  # [B, H, D, S]: small, read D-major by the gather
         index = slot[:, :, None, :].expand(b, h, d, slot.shape[-1])
-        return torch.gather(per_feature, -1, index).transpose(-1, -2), None, None
+        return torch.gather(per_feature, -1, index).transpose(-1, -2), None, None, None
 
 
 def cluster_means(
-    x: torch.Tensor, assignment: torch.Tensor, mask: torch.Tensor, m: int
+    x: torch.Tensor, assignment: torch.Tensor, mask: torch.Tensor, m: int, d_major: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked means of `x [B, H, N, D]` over `m` clusters given integer `assignment [B, H, N]`.
 
     Returns the means and the per-cluster real-token counts `[B, H, m]` (0 = empty cluster, mean 0). Never N×N
     in memory. On a CPU the sums are one `index_add` (`SlotSums`; pads go to a discarded slot per sequence and head):
-    sequential, hence deterministic, and 75 → 3 ms forward + backward at B=32, H=2, N=2048, m=64 on one thread.
+    sequential, hence deterministic, and 75 → 3 ms forward + backward at B=32, H=2, N=2048, m=64 on one thread; its
+    gradient row-major, or D-major with `d_major` (`gradient_d_major`).
     On an accelerator `index_add` uses atomics (run-to-run nondeterministic sums), so there the sums are a
     one-hot `[B, H, m, N]` matmul: deterministic on every device and differentiable in `x`. The two differ at
     fp32 rounding level (summation order).
@@ -125,7 +135,7 @@ def cluster_means(
     if x.device.type == "cpu":
         b, h, _, _ = x.shape
         slot = torch.where(real, assignment.long(), m)  # [B, H, N]; slot m collects the pads
-        sums = SlotSums.apply(x, slot, m + 1)[..., :m, :]
+        sums = SlotSums.apply(x, slot, m + 1, d_major)[..., :m, :]
         ones = torch.ones(slot.shape, dtype=x.dtype, device=x.device)
         counts = x.new_zeros(b, h, m + 1).scatter_add_(-1, slot, ones)[..., :m]  # whole numbers: exact
     else:
@@ -135,6 +145,16 @@ def cluster_means(
         sums = onehot.transpose(-1, -2) @ x  # [B, H, m, D]
     means = sums / counts.clamp_min(1.0).unsqueeze(-1)
     return means, counts
+
+
+def cluster_landmarks(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, assignment: torch.Tensor, m: int
+) -> Landmarks:
+    """Differentiable query and key means over the clusters of `assignment [B, H, N]`; empty = invalid. Each sends
+    its gradient in the layout of the landmark kernels' gradient of the same tensor (`gradient_d_major`)."""
+    q_l, counts = cluster_means(q, assignment, mask, m, gradient_d_major("queries", m, q.device))
+    k_l, _ = cluster_means(k, assignment, mask, m, gradient_d_major("keys", m, k.device))
+    return Landmarks(queries=q_l, keys=k_l, valid=counts > 0)
 
 
 class LandmarkSelector(NamedByConfig, nn.Module):

@@ -39,7 +39,7 @@ import torch
 from models.cost import Flops, Params, lloyd_flops
 from models.cpu import below_vector_width
 from models.knobs import follows_run_seed, knobs
-from models.landmarks.base import Landmarks, cluster_means, gather_tokens
+from models.landmarks.base import Landmarks, cluster_landmarks, cluster_means, gather_tokens
 from models.landmarks.segment_means import segment_assignment
 from models.landmarks.uniform import SeededSelector, weighted_sample
 
@@ -286,16 +286,6 @@ def kmeans_fit(
     return KMeansFit(
         pick("centroids"), pick("valid"), pick("assignment"), pick("inertia"), max(f.iterations for f in fits)
     )
-
-
-def cluster_landmarks(
-    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, assignment: torch.Tensor, m: int
-) -> Landmarks:
-    """Differentiable query and key means over the clusters of `assignment [B, H, N]`; empty = invalid.
-    One `cluster_means` on [q | k] (the one-hot is built once for both)."""
-    both, counts = cluster_means(torch.cat([q, k], dim=-1), assignment, mask, m)
-    q_l, k_l = both.split([q.shape[-1], k.shape[-1]], dim=-1)
-    return Landmarks(queries=q_l, keys=k_l, valid=counts > 0)
 
 
 def selector_draw(selector: SeededSelector, device: torch.device) -> Draw:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from models.cost import Flops, Params
-from models.landmarks.base import Landmarks, LandmarkSelector, cluster_means
+from models.landmarks.base import Landmarks, LandmarkSelector, cluster_landmarks, gradient_d_major
 
 #: `selector.over`: what the m segments divide
 OVERS = ("real", "padded")
@@ -38,38 +38,40 @@ def segment_assignment(mask: torch.Tensor, m: int) -> torch.Tensor:
 
 class BlockMeans(torch.autograd.Function):
     """Means of `m` blocks of consecutive positions of `x [B, H, m·size, D]` (torch's own `mean`, so the same values),
-    with the gradient written D-major (`[B, H, D, N]` in memory, returned as its transposed view).
+    the gradient written row-major or D-major (`d_major`: `[B, H, D, N]` in memory, returned as its transposed view).
 
-    Why: Nyström's kernels take the same q and k, and their gradients arrive D-major (Q̃Kᵀ's); autograd adds the two.
-    torch's mean backward sends the landmarks' D-major gradient expanded over each block, which the unflatten's
-    backward then copies into row-major memory (6 ms at B = 32, H = 2, N = 2048, D = 32, m = 64 on one Zen 5 thread),
-    and the sum of the two layouts is another slow pass (4.6 ms against 1.1 for one layout). The values are the same
-    bit for bit: each element of the gradient is the landmark's gradient divided by the block size, as torch's."""
+    Why: torch's mean backward sends the landmarks' gradient expanded over each block, which the unflatten's backward
+    copies row-major from the layout it arrived in (6 ms a call at B = 32, H = 2, N = 2048, D = 32, m = 64 on one
+    Zen 5 thread, from a D-major one), and the Nyström kernels' gradient of the same q or k is added to it in the
+    layout `gradient_d_major` names. Here it is written once, in that layout. The values are the same bit for bit:
+    each element is the landmark's gradient divided by the block size, as torch's."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, m: int) -> torch.Tensor:
-        ctx.size = x.shape[-2] // m
+    def forward(ctx: Any, x: torch.Tensor, m: int, d_major: bool) -> torch.Tensor:
+        ctx.size, ctx.d_major = x.shape[-2] // m, d_major
         return x.unflatten(-2, (m, ctx.size)).mean(-2)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         b, h, m, d = grad.shape
-        per_feature = (grad / ctx.size).transpose(-1, -2).unsqueeze(-1)  # [B, H, D, m, 1]
-        spread = per_feature.expand(b, h, d, m, ctx.size).reshape(b, h, d, m * ctx.size)  # one contiguous write
-        return spread.transpose(-1, -2), None
+        share = grad / ctx.size
+        if not ctx.d_major:  # [B, H, m, size, D] written row-major
+            return share.unsqueeze(-2).expand(b, h, m, ctx.size, d).reshape(b, h, m * ctx.size, d), None, None
+        spread = share.transpose(-1, -2).unsqueeze(-1).expand(b, h, d, m, ctx.size).reshape(b, h, d, m * ctx.size)
+        return spread.transpose(-1, -2), None, None
 
 
-def padded_block_means(x: torch.Tensor, mask: torch.Tensor, m: int) -> torch.Tensor:
+def padded_block_means(x: torch.Tensor, mask: torch.Tensor, m: int, d_major: bool = False) -> torch.Tensor:
     """Means of `x [B, H, N, D]` over m blocks of ⌈N/m⌉ consecutive positions, pads (`mask [B, 1, N]` False) as
     zeros: the reference's `(x * mask).reshape(B, H, m, N // m, D).mean(-2)` when m | N. The reference cannot run
     other lengths; here the sequence is extended with zeros (pads) to m·⌈N/m⌉ first, so any length runs and a length
-    the reference runs gives its numbers."""
+    the reference runs gives its numbers. `d_major`: the gradient's layout (`BlockMeans`)."""
     n = x.shape[-2]
     size = -(-n // m)
     zeroed = x * mask[..., None].to(x.dtype)
     if size * m != n:
         zeroed = torch.nn.functional.pad(zeroed, (0, 0, 0, size * m - n))
-    means: torch.Tensor = BlockMeans.apply(zeroed, m)
+    means: torch.Tensor = BlockMeans.apply(zeroed, m, d_major)
     return means
 
 
@@ -93,11 +95,10 @@ class SegmentMeans(LandmarkSelector):
     def select(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, m: int) -> Landmarks:
         if self.over == "padded":
             valid = torch.ones(*q.shape[:2], m, dtype=torch.bool, device=q.device)
-            return Landmarks(queries=padded_block_means(q, mask, m), keys=padded_block_means(k, mask, m), valid=valid)
-        assignment = segment_assignment(mask, m).expand(q.shape[:3])
-        q_l, counts = cluster_means(q, assignment, mask, m)
-        k_l, _ = cluster_means(k, assignment, mask, m)
-        return Landmarks(queries=q_l, keys=k_l, valid=counts > 0)
+            queries = padded_block_means(q, mask, m, gradient_d_major("queries", m, q.device))
+            keys = padded_block_means(k, mask, m, gradient_d_major("keys", m, k.device))
+            return Landmarks(queries=queries, keys=keys, valid=valid)
+        return cluster_landmarks(q, k, mask, segment_assignment(mask, m).expand(q.shape[:3]), m)
 
     @classmethod
     def flops(cls, n: int, m: int, d: int, params: Params) -> Flops:
