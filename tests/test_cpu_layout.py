@@ -114,20 +114,21 @@ def _contiguous_dim(t: torch.Tensor) -> int | None:
 
 
 class MixedLayoutPasses(TorchDispatchMode):
-    """Records every element-wise op over two same-shaped tensors of `numel ≥ floor` that lie contiguous along
+    """Records every element-wise op over two same-shaped per-token tensors (a dimension of the sequence's `length`:
+    not the small m × m cores) that lie contiguous along
     different dimensions (one row-major, one transposed): the pass reads one of them against its layout, element by
     element across cache lines (one such add of two [32, 2, 2048, 32] gradients took ~4.8 ms on one Zen 5 thread,
     ~1.1 in one layout; a multiply of Performer's [32, 2, 2048, 256] features ~160 ms)."""
 
     OPS = ("aten.add", "aten.sub", "aten.mul", "aten.div")
 
-    def __init__(self, floor: int) -> None:
+    def __init__(self, length: int) -> None:
         super().__init__()
-        self.floor = floor
+        self.length = length
         self.found: list[str] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        pair = [a for a in args if isinstance(a, torch.Tensor) and a.numel() >= self.floor]
+        pair = [a for a in args if isinstance(a, torch.Tensor) and self.length in a.shape]
         if str(func).startswith(self.OPS) and len(pair) == 2 and pair[0].shape == pair[1].shape:
             inner = {_contiguous_dim(t) for t in pair}
             if None not in inner and len(inner) == 2:
@@ -135,19 +136,20 @@ class MixedLayoutPasses(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("attn", ["nystrom", "gpa", "performer"])
+@pytest.mark.parametrize("attn", ["nystrom", "gpa", "performer", "spectral", "skyformer"])
 @pytest.mark.parametrize("kernels", ["fused", "eager"])
 def test_the_attentions_gradients_meet_in_one_layout(attn: str, kernels: str, layout: str) -> None:
     """In the faithful training step no element-wise pass over a large tensor mixes two memory layouts: where two
-    gradients of one tensor meet (q and k feed both the landmarks and the landmark kernels; φ(K) the key summary),
-    each arrives in the layout of the other (`SlotSums`, `BlockMeans`, Performer's summary product) — with the
+    gradients of one tensor meet (q and k feed both the landmarks and the landmark kernels; φ(K) and the spectral
+    mixer's C a summary and a product; Skyformer's K its kernel, its norms and its landmarks), each arrives in the
+    layout of the other (`SlotSums`, `BlockMeans`, `transposed_product`, `product_with_transposed`) — with the
     landmark weights on their short axis and without (`layout`: a CPU with wider or narrower vectors)."""
     overrides = ["task.seq_len=256", "task.gen_min_length=100", f"model.kernels={kernels}"]
     cfg = protocol_config("listops", attn, "nystromformer", overrides)
     torch.manual_seed(0)
     model = faithful_network(cfg).train()
     batch = random_batch(cfg, 3, torch.Generator().manual_seed(0))
-    scan = MixedLayoutPasses(floor=3 * 2 * 256 * 32)  # a [B, H, N, D]: the attention's tensors, not its m × m cores
+    scan = MixedLayoutPasses(length=256)
     with scan:
         torch.nn.functional.cross_entropy(model(batch), batch["label"]).backward()
     assert not scan.found, f"attn={attn}: " + "; ".join(scan.found)

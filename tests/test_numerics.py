@@ -110,3 +110,27 @@ def test_masked_attention_is_the_masked_softmax_product_bit_for_bit(all_rows_val
     assert torch.equal(got, reference) and all(torch.equal(g, r) for g, r in zip(grads, ref_grads))
     if not all_rows_valid:
         assert torch.equal(got[1, :, 2:], torch.zeros_like(got[1, :, 2:])) and got[1, :, :2].abs().sum() > 0
+
+
+@pytest.mark.parametrize("form", ["aᵀ b", "a bᵀ"])
+def test_the_row_major_products_are_autograds_with_both_gradients_row_major(form: str) -> None:
+    """`transposed_product` (aᵀ b) and `product_with_transposed` (a bᵀ): the forward is autograd's own product bit for
+    bit, the gradients autograd's at fp32 rounding (fp64: gradcheck), and both come out row-major — where autograd's
+    gradient of the transposed operand is a transposed view."""
+    from models.attention.numerics import product_with_transposed, transposed_product
+
+    ours = transposed_product if form == "aᵀ b" else product_with_transposed
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(2, 3, 50, 6, generator=gen, requires_grad=True)
+    b = torch.randn(2, 3, 50 if form == "aᵀ b" else 7, 6 if form == "a bᵀ" else 5, generator=gen, requires_grad=True)
+    theirs = a.transpose(-1, -2) @ b if form == "aᵀ b" else a @ b.transpose(-1, -2)
+    out = ours(a, b)
+    assert torch.equal(out, theirs)
+    upstream = torch.randn(out.shape, generator=gen)
+    got, want = torch.autograd.grad(out, (a, b), upstream), torch.autograd.grad(theirs, (a, b), upstream)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+        assert g.is_contiguous(), "row-major"
+    assert not all(w.is_contiguous() for w in want), "autograd sends one of them transposed"
+    wide = [t.detach().double().requires_grad_() for t in (a, b)]
+    assert torch.autograd.gradcheck(ours, tuple(wide))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -67,6 +68,59 @@ def masked_attention(scores: torch.Tensor, key_valid: torch.Tensor, values: torc
     if scores.device.type == "cpu" and bool(has_key.all()):
         return out
     return out * has_key.to(out.dtype)
+
+
+class TransposedProduct(torch.autograd.Function):
+    """`aᵀ b` for `a [..., N, s]`, `b [..., N, E]` (a summary over the N tokens), both gradients row-major.
+
+    Why: autograd's gradient of `a` in `a.transpose(-1, -2) @ b` is the transpose of a row-major `[s, N]` product,
+    and an attention that also uses `a` as `a @ (…)` (Performer's φ(K), the spectral mixer's C) has its two gradients
+    added across two layouts — a pass that reads one of them against its layout (~20 ms a [32, 2, 2048, 64] add on
+    one Zen 5 thread, loaded; Performer's [32, 2, 2048, 256] features' multiply ~160 ms). Here `a`'s gradient is
+    `b gᵀ` written row-major: the same dot products as autograd's `(g bᵀ)ᵀ` (fp32 rounding: the BLAS may add them in
+    another order); the forward and `b`'s gradient (`a g`) are autograd's own calls."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a.transpose(-1, -2) @ b
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        a, b = ctx.saved_tensors
+        grad_a = b @ grad.transpose(-1, -2) if ctx.needs_input_grad[0] else None
+        grad_b = a @ grad if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
+def transposed_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`aᵀ b` with both gradients row-major (`TransposedProduct`)."""
+    out: torch.Tensor = TransposedProduct.apply(a, b)
+    return out
+
+
+class ProductWithTransposed(torch.autograd.Function):
+    """`a bᵀ` for `a [..., n, E]`, `b [..., p, E]` (scores of n rows against p), both gradients row-major: `b`'s is
+    `gᵀ a` written row-major, where autograd's is the transpose of a row-major `[E, p]` product — see
+    `TransposedProduct` for why and for the rounding (Skyformer's κ(X_S, K) sends K's gradient so)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return a @ b.transpose(-1, -2)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        a, b = ctx.saved_tensors
+        grad_a = grad @ b if ctx.needs_input_grad[0] else None
+        grad_b = grad.transpose(-1, -2) @ a if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
+def product_with_transposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a bᵀ` with both gradients row-major (`ProductWithTransposed`)."""
+    out: torch.Tensor = ProductWithTransposed.apply(a, b)
+    return out
 
 
 def landmark_weights(q: torch.Tensor, landmarks: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from models.attention.base import Attention
-from models.attention.numerics import fp32_core
+from models.attention.numerics import fp32_core, transposed_product
 from models.cost import Flops, Params
 from models.knobs import follows_run_seed, knobs
 
@@ -207,12 +207,10 @@ class PerformerAttention(Attention):
             if keep is not None:
                 vf = vf * keep
             ones = torch.ones_like(v[..., :1], dtype=torch.float32)
-            # φ(K)ᵀ[V | 1] taken as ([V | 1]ᵀ φ(K))ᵀ: the same dot products over the keys, but φ(K)'s gradient
-            # ([V | 1] times the [D+1, M] gradient) comes out in φ(K)'s own row-major layout, where φ(K)ᵀ's came
-            # transposed and the features' backward multiplied it with the row-major exponential element by element
-            # across the two layouts (the slowest pass of the step), then copied it row-major for the projection's
-            summary = (torch.cat([vf, ones], dim=-1).transpose(-1, -2) @ phi_k).transpose(-1, -2)  # [B, H, M, D + 1]
-            both = phi_q @ summary
+            # φ(K)ᵀ[V | 1] with φ(K)'s gradient row-major, the layout of its exponential: as autograd sends it
+            # (transposed), the features' backward multiplied the two element by element across layouts, the
+            # slowest pass of the step, then copied it row-major for the projection's
+            both = phi_q @ transposed_product(phi_k, torch.cat([vf, ones], dim=-1))
             out = both[..., :-1] / both[..., -1:].clamp_min(1e-30)
         return out.to(v.dtype)
 

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from models.attention.base import Attention
-from models.attention.numerics import core_precision, exact_pinv, fp32_core, iterative_pinv
+from models.attention.numerics import (
+    core_precision,
+    exact_pinv,
+    fp32_core,
+    iterative_pinv,
+    product_with_transposed,
+)
 from models.cost import Flops, Params, pinv_flops
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import broadcast_mask, gather_tokens
@@ -61,7 +67,8 @@ def gaussian_kernel(
         half_a = half_a + (~a_valid).unsqueeze(-1).to(a.dtype) * LEFT_OUT
     if b_valid is not None:
         half_b = half_b + (~b_valid).unsqueeze(-1).to(b.dtype) * LEFT_OUT
-    logits = torch.cat([a, half_a, ones_a], -1) @ torch.cat([b, ones_b, half_b], -1).transpose(-1, -2)
+    # b's gradient row-major (`product_with_transposed`), the layout of its gradients from ‖b‖² and the landmark gather
+    logits = product_with_transposed(torch.cat([a, half_a, ones_a], -1), torch.cat([b, ones_b, half_b], -1))
     return torch.exp(logits.clamp_max(0.0))
 
 

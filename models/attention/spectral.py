@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from models.attention.landmark import LandmarkAttention
-from models.attention.numerics import fp32_core
+from models.attention.numerics import fp32_core, transposed_product
 from models.cost import Flops, Params
 from models.knobs import knobs
 from models.landmarks.base import Landmarks, resolve_num_landmarks
@@ -232,7 +232,7 @@ class SpectralAttention(LandmarkAttention):
     def forward(self, q, k, v, mask):
         cols, p = self.mixer(q, k, mask)
         with fp32_core(q.device):
-            mix = cols @ (p @ (cols.transpose(-1, -2) @ v.float()))
+            mix = cols @ (p @ transposed_product(cols, v.float()))  # Cᵀ V: C's gradients meet row-major
             mix = mix * self._scale(mask, q.shape[-2], mix)
         mix = mix.to(v.dtype)
         return v + mix if self.residual else mix
