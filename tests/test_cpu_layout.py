@@ -136,10 +136,10 @@ class MixedLayoutPasses(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("attn", ["nystrom", "gpa", "performer", "spectral", "skyformer"])
+@pytest.mark.parametrize("attn", sorted(ATTENTIONS.names()))
 @pytest.mark.parametrize("kernels", ["fused", "eager"])
 def test_the_attentions_gradients_meet_in_one_layout(attn: str, kernels: str, layout: str) -> None:
-    """In the faithful training step no element-wise pass over a large tensor mixes two memory layouts: where two
+    """In the faithful training step no element-wise pass over per-token tensors mixes two memory layouts: where two
     gradients of one tensor meet (q and k feed both the landmarks and the landmark kernels; φ(K) and the spectral
     mixer's C a summary and a product; Skyformer's K its kernel, its norms and its landmarks), each arrives in the
     layout of the other (`SlotSums`, `BlockMeans`, `transposed_product`, `product_with_transposed`) — with the
