@@ -8,7 +8,8 @@ its own instance (selectors may hold per-layer state, e.g. GPA's codebook).
 `fused` through the compiled kernel `models.kernels.fused_encoder` (on a CPU, in fp32/fp64, outside autocast, where it
 is built; elsewhere the eager form): the same parameters, the same arithmetic at fp32 rounding, the dropout masks
 from the kernel's own seeded stream. `auto` (the default) is `fused` where the kernel runs and `eager` elsewhere,
-without a word: a run settles it (`kernels_that_run`) and records the path it took.
+without a word: a run settles it (`kernels_that_run`) and records the path it took. The attentions follow it
+(`Attention.compiled`): one with compiled passes of its own (Nyström's convolution skip) takes them with the chain.
 """
 
 from __future__ import annotations
