@@ -117,7 +117,10 @@ void masked_copy(const T* src, const T* m, T* x, int64_t n, int64_t d) {
     for (int64_t j = 0; j < d; ++j) x[row * d + j] = src[row * d + j] * m[row];
 }
 
-void check_shapes(const at::Tensor& v, const at::Tensor& mask, const at::Tensor& weight) {
+// v [B, H, N, D], mask [B, N] (v's dtype) or undefined, weight [H, K] with K odd
+void check_args(const at::Tensor& v, const at::Tensor& mask, const at::Tensor& weight) {
+  check({{&v, "v"}, {&weight, "weight"}});
+  if (mask.defined()) check({{&v, "v"}, {&mask, "mask"}});
   TORCH_CHECK(v.dim() == 4, "v must be [B, H, N, D]");
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) == v.size(1), "weight must be [H, K]");
   TORCH_CHECK(weight.size(1) % 2 == 1, "weight must have an odd number of taps (P = K / 2 on both sides)");
@@ -130,9 +133,7 @@ void check_shapes(const at::Tensor& v, const at::Tensor& mask, const at::Tensor&
 // v [B, H, N, D], mask [B, N] (1/0 in v's dtype) or None, weight [H, K]. Returns y [B, H, N, D].
 at::Tensor forward(const at::Tensor& v, const c10::optional<at::Tensor>& mask_opt, const at::Tensor& weight) {
   const at::Tensor mask = mask_opt.value_or(at::Tensor());
-  check({{&v, "v"}, {&weight, "weight"}});
-  if (mask.defined()) check({{&v, "v"}, {&mask, "mask"}});
-  check_shapes(v, mask, weight);
+  check_args(v, mask, weight);
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3), k = weight.size(1);
   auto out = at::empty_like(v);
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "depthwise_conv_forward", [&] {
@@ -158,9 +159,8 @@ at::Tensor forward(const at::Tensor& v, const c10::optional<at::Tensor>& mask_op
 std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& v, const c10::optional<at::Tensor>& mask_opt,
                                  const at::Tensor& weight) {
   const at::Tensor mask = mask_opt.value_or(at::Tensor());
-  check({{&grad, "grad"}, {&v, "v"}, {&weight, "weight"}});
-  if (mask.defined()) check({{&v, "v"}, {&mask, "mask"}});
-  check_shapes(v, mask, weight);
+  check_args(v, mask, weight);
+  check({{&v, "v"}, {&grad, "grad"}});
   TORCH_CHECK(grad.sizes() == v.sizes(), "grad must have v's shape");
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3), k = weight.size(1);
   auto dv = at::empty_like(v);

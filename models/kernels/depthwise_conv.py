@@ -5,18 +5,11 @@ positions zeroed first — forward and backward in place on the head-major `[B, 
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import torch
 
 from models import kernels
-from models.kernels import load
-
-
-def kernel() -> ModuleType | None:
-    """The compiled module, or None where it cannot be built."""
-    return load("depthwise_conv")
 
 
 def applies(v: torch.Tensor, weight: torch.Tensor) -> bool:
