@@ -26,6 +26,7 @@ from models import kernels
 from models.attention.full import FullAttention, FullConfig
 from models.kernels import flash_attention, row_logsumexp
 from tests.conftest import REPO
+from tests.kernel_paths import encoder_attention, on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(flash_attention.kernel() is None, reason="the kernel cannot be built here")
 
@@ -282,14 +283,7 @@ def test_the_convolution_skip_passes_gradcheck_and_ignores_the_thread_count() ->
     weight = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(9), requires_grad=True)
     assert torch.autograd.gradcheck(lambda v, w: DepthwiseConv.apply(v, keys, w), (v, weight))
     attention, v, keys = conv_skip(300, 16, torch.float32)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = skip_and_grads(attention, v, keys, True)
-        torch.set_num_threads(2)
-        two = skip_and_grads(attention, v, keys, True)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(lambda: skip_and_grads(attention, v, keys, True))
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
 
 
@@ -297,22 +291,12 @@ def test_the_encoder_runs_the_convolution_skip_compiled_exactly_where_its_chain_
     """`model.kernels` says how the whole network computes: the encoder's compiled chain (auto, fused) takes the
     compiled skip with it, the eager one keeps the eager conv."""
     from lra_bench.registry import build_attention, build_selector
-    from models.build import build_classifier
-    from models.encoder import Block
 
     def nystrom(layer: int, n: int) -> Any:
         return build_attention("nystrom", head_dim=8, num_heads=2, seq_len=n, selector=build_selector("segment_means"))
 
     def skip_path(kernels: str) -> str:
-        model = build_classifier(
-            vocab_size=20,
-            seq_len=64,
-            num_classes=5,
-            dual=False,
-            model={"dim": 16, "depth": 1, "num_heads": 2, "head_dim": 8, "ffn_dim": 32, "kernels": kernels},
-            make_attention=nystrom,
-        )
-        attention = next(m for m in model.modules() if isinstance(m, Block)).attn.attention
+        attention = encoder_attention(kernels, nystrom)
         v = torch.randn(1, 2, 64, 8, requires_grad=True)
         return type(attention.skip(v, None).grad_fn).__name__
 

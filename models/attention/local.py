@@ -14,6 +14,11 @@ O(n·(c + 2w)) = O(n·w) and no n × n tensor exists. Which of those c × (c + 2
 depend on the block (key t of a block is in row r's window iff 0 ≤ t − r ≤ 2w), so one band pattern serves every
 block; padded keys and the positions past the sequence end are masked through the same padded key mask. With
 w ≥ n the band holds every key and the call is exact attention (`full`'s SDPA path, O(n) memory).
+
+Where the encoder's chain is compiled (`model.kernels` auto | fused: `compiled`), the band runs through the compiled
+kernel `models.kernels.local_attention` instead: each block of queries scores only its key range in cache, with no
+unfolded windows, mask tensors or folded-back gradients — the same values at fp32 rounding
+(`tests/test_local_kernel.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from models.attention.base import Attention
 from models.attention.full import causal_key_mask, key_mask
 from models.attention.numerics import masked_attention, masked_softmax
 from models.cost import Flops, Params, fused_memory, width_memory
+from models.kernels import fused_encoder, local_attention
 from models.knobs import knobs
 
 #: the smallest query block: below it the per-block matmuls get too small to run at the machine's matmul rate, and
@@ -75,6 +81,8 @@ class LocalAttention(Attention):
         if self.covers(n):
             keys = causal_key_mask(mask, n, q.device) if self.causal else key_mask(mask)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
+        if self.compiled and fused_encoder.applies(q) and local_attention.applies(q):  # where the chain runs
+            return local_attention.local_attention(q, k, v, mask, self.window, self.causal)
         batch, heads, _, d = q.shape
         w, c = self.window, block_size(self.window, n)
         blocks = math.ceil(n / c)

@@ -33,29 +33,15 @@
 
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
-#include "vec_math.h"  // exp_t, maximum, sum
+#include "vec_math.h"  // dot, exp_t, maximum, sum
 
 namespace {
 
 using lra::check;
+using lra::dot;
 using lra::exp_t;
 using lra::maximum;
 using lra::sum;
-
-constexpr int64_t kLanes = 16;  // running sums: one AVX-512 vector of fp32
-
-// x . y over n elements, in 16 running lanes so that the loop vectorises
-template <typename T>
-inline __attribute__((always_inline)) T dot(const T* x, const T* y, int64_t n) {
-  T lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * y[i + l];
-  for (int64_t l = 0; i + l < n; ++l) lanes[l] += x[i + l] * y[i + l];
-  T total = T(0);
-  for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
-  return total;
-}
 
 // x <- x - basis^T c, with basis [t, l] (row s: the s-th direction) and c [t]: the product first, then the difference
 template <typename T>

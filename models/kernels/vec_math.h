@@ -1,6 +1,6 @@
-// exp, max and sum for the compiled kernels' fp32 loops, written so that a compiler vectorises a loop over them: no
-// calls, no branches, only arithmetic, rounding and bit operations (with `-fno-trapping-math`, GCC turns their selects
-// into vector blends). fp64 (tests, the approximation study) uses the C library's exp.
+// exp, max, sum and dot product for the compiled kernels' fp32 loops, written so that a compiler vectorises a loop
+// over them: no calls, no branches, only arithmetic, rounding and bit operations (with `-fno-trapping-math`, GCC turns
+// their selects into vector blends). fp64 (tests, the approximation study) uses the C library's exp.
 //
 // Why not ATen's exp: called on cache-sized blocks inside a kernel, at::exp_ cost ~2.4 ns an element on one core
 // (a [128, 1989] block: ~600 us; this loop, with the subtraction and the scaling around it, ~50-170 us), and a fused
@@ -66,6 +66,20 @@ inline __attribute__((always_inline)) T sum(const T* x, int64_t n) {
   for (; i + kLanes <= n; i += kLanes)
     for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
   for (int64_t l = 0; i + l < n; ++l) lanes[l] += x[i + l];
+  T total = T(0);
+  for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
+  return total;
+}
+
+// x . y over n elements, in 16 running lanes so that the loop vectorises
+template <typename T>
+inline __attribute__((always_inline)) T dot(const T* x, const T* y, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  T lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * y[i + l];
+  for (int64_t l = 0; i + l < n; ++l) lanes[l] += x[i + l] * y[i + l];
   T total = T(0);
   for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
   return total;
