@@ -22,6 +22,7 @@ import torch
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core, transposed_product
 from models.cost import Flops, Params
+from models.kernels import fused_encoder, shifted_exp
 from models.knobs import follows_run_seed, knobs
 
 LOGIT_SCALES = ("sqrt_d", "d")
@@ -194,9 +195,15 @@ class PerformerAttention(Attention):
         if masked:  # a pad key's features are 0: exp(−inf), and no ε
             offset_k = offset_k.masked_fill(~mask[:, None, :, None], float("inf"))
             floor_k = floor_k * mask[:, None, :, None]
-        phi_q = ShiftedExp.apply(proj_q, offset_q, floor_q)
-        phi_k = ShiftedExp.apply(proj_k, offset_k, floor_k)
-        return phi_q, phi_k
+        return self._features(proj_q, offset_q, floor_q), self._features(proj_k, offset_k, floor_k)
+
+    def _features(self, proj: torch.Tensor, offset: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+        """`exp(proj − offset) + floor` with its gradients: through the compiled kernel `models.kernels.shifted_exp`
+        (one pass over the features each way) where the encoder's chain is compiled (`compiled`), else `ShiftedExp`."""
+        if self.compiled and fused_encoder.applies(proj) and shifted_exp.applies(proj):
+            return shifted_exp.shifted_exp(proj, offset, floor)
+        features: torch.Tensor = ShiftedExp.apply(proj, offset, floor)
+        return features
 
     def forward(self, q, k, v, mask):
         self._maybe_redraw()
