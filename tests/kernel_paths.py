@@ -37,3 +37,44 @@ def encoder_attention(kernels: str, make_attention: Callable[[int, int], Any]) -
         make_attention=make_attention,
     )
     return next(m for m in model.modules() if isinstance(m, Block)).attn.attention
+
+
+def graph_has(out: torch.Tensor, node: str) -> bool:
+    """Whether the autograd graph that made `out` holds a node whose name contains `node` (a kernel's Function
+    called somewhere inside an attention)."""
+    seen, frontier = set(), [out.grad_fn]
+    while frontier:
+        fn = frontier.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if node in type(fn).__name__:
+            return True
+        frontier.extend(next_fn for next_fn, _ in fn.next_functions)
+    return False
+
+
+def compiled_in_encoder(kernels: str, make_attention: Callable[[int, int], Any], node: str) -> bool:
+    """Whether the attention of a one-block encoder built with `model.kernels=kernels` computes through the kernel
+    whose autograd node is named `node` (on random q, k, v of 64 tokens)."""
+    attention = encoder_attention(kernels, make_attention)
+    q, k, v = (torch.randn(1, 2, 64, 8, requires_grad=True) for _ in range(3))
+    return graph_has(attention(q, k, v, None), node)
+
+
+def on_both_paths(attention: Any, n: int, node: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """An attention (2 heads of 8) on q, k, v `[2, 2, n, 8]` whose second sequence ends in pads (its last 2/5), with
+    its `compiled` set and then not: each time the output and the gradients of q, k and v, having checked that the
+    kernel (autograd node `node`) ran exactly on the compiled path."""
+    gen = torch.Generator().manual_seed(41)
+    qkv = [torch.randn(2, 2, n, 8, generator=gen, requires_grad=True) for _ in range(3)]
+    keys = torch.ones(2, n, dtype=torch.bool)
+    keys[1, n - 2 * n // 5 :] = False
+    upstream = torch.randn(2, 2, n, 8, generator=gen)
+    results = []
+    for compiled in (True, False):
+        attention.compiled = compiled
+        out = attention(*qkv, keys)
+        assert graph_has(out, node) is compiled
+        results.append([out, *torch.autograd.grad(out, qkv, upstream)])
+    return results[0], results[1]

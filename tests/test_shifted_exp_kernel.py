@@ -11,7 +11,7 @@ import torch
 
 from models.attention.performer import ShiftedExp
 from models.kernels import load, shifted_exp
-from tests.kernel_paths import encoder_attention, on_one_and_two_threads
+from tests.kernel_paths import compiled_in_encoder, on_both_paths, on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(load("shifted_exp") is None, reason="the compiled kernel cannot be built here")
 
@@ -69,19 +69,8 @@ def test_performer_computes_the_same_attention_on_both_paths(reference: bool) ->
 
     knobs = dict(feature_eps=1e-4, pad_keys="zero_logit", shared_heads=True, logit_scale="d") if reference else {}
     attention = build_attention("performer", head_dim=8, num_heads=2, seq_len=50, num_features=16, **knobs).eval()
-    gen = torch.Generator().manual_seed(23)
-    qkv = [torch.randn(2, 2, 50, 8, generator=gen, requires_grad=True) for _ in range(3)]
-    keys = torch.ones(2, 50, dtype=torch.bool)
-    keys[1, 30:] = False
-    upstream = torch.randn(2, 2, 50, 8, generator=gen)
-    results = []
-    for compiled in (True, False):
-        attention.compiled = compiled
-        out = attention(*qkv, keys)
-        results.append([out, *torch.autograd.grad(out, qkv, upstream)])
-        features = type(attention._factors(qkv[0], qkv[1], keys)[0].grad_fn).__name__
-        assert ("CompiledShiftedExp" in features) is compiled
-    for got, want in zip(*results, strict=True):
+    compiled, eager_path = on_both_paths(attention, 50, "CompiledShiftedExp")
+    for got, want in zip(compiled, eager_path, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(want.detach().abs().max())))
 
 
@@ -90,13 +79,9 @@ def test_the_encoder_computes_performer_features_compiled_exactly_where_its_chai
     features with it, the eager chain keeps `ShiftedExp`."""
     from lra_bench.registry import build_attention
 
-    def path(kernels: str) -> str:
-        attention = encoder_attention(
-            kernels, lambda layer, n: build_attention("performer", head_dim=8, num_heads=2, seq_len=n, num_features=8)
-        )
-        q, k = (torch.randn(1, 2, 64, 8, requires_grad=True) for _ in range(2))
-        phi_q, _ = attention._factors(q, k, None)
-        return type(phi_q.grad_fn).__name__
+    def performer(layer: int, n: int) -> Any:
+        return build_attention("performer", head_dim=8, num_heads=2, seq_len=n, num_features=8)
 
-    assert "CompiledShiftedExp" in path("fused") and "CompiledShiftedExp" in path("auto")
-    assert "CompiledShiftedExp" not in path("eager")
+    node = "CompiledShiftedExp"
+    assert compiled_in_encoder("fused", performer, node) and compiled_in_encoder("auto", performer, node)
+    assert not compiled_in_encoder("eager", performer, node)

@@ -27,6 +27,7 @@ from models.attention.numerics import (
     product_with_transposed,
 )
 from models.cost import Flops, Params, pinv_flops
+from models.kernels import clamped_exp, fused_encoder
 from models.knobs import follows_run_seed, knobs
 from models.landmarks.base import broadcast_mask, gather_tokens
 from models.landmarks.uniform import UniformConfig, UniformSelector, sample_real_tokens
@@ -50,10 +51,16 @@ LEFT_OUT = -1.0e4
 
 
 def gaussian_kernel(
-    a: torch.Tensor, b: torch.Tensor, a_valid: torch.Tensor | None = None, b_valid: torch.Tensor | None = None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_valid: torch.Tensor | None = None,
+    b_valid: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> torch.Tensor:
     """κ(a, b) = exp(−‖a − b‖²/2) for `a [..., n, d]`, `b [..., p, d]` → `[..., n, p]`, with the rows of `a` and `b`
-    that are not valid (`a_valid [..., n]`, `b_valid [..., p]`, bool; None = all) giving exact zeros.
+    that are not valid (`a_valid [..., n]`, `b_valid [..., p]`, bool; None = all) giving exact zeros. `compiled` (the
+    attention's: the encoder's chain is compiled): the clamp and exp through the kernel `models.kernels.clamped_exp`,
+    one pass over the kernel each way, where it applies.
 
     Why this form: the exponent a·b − ‖a‖²/2 − ‖b‖²/2 is one product of augmented rows, [a, −‖a‖²/2, 1] ·
     [b, 1, −‖b‖²/2] (an invalid row's −‖·‖²/2 shifted by `LEFT_OUT`), so the [n, p] tensor sees two passes forward
@@ -69,6 +76,8 @@ def gaussian_kernel(
         half_b = half_b + (~b_valid).unsqueeze(-1).to(b.dtype) * LEFT_OUT
     # b's gradient row-major (`product_with_transposed`), the layout of its gradients from ‖b‖² and the landmark gather
     logits = product_with_transposed(torch.cat([a, half_a, ones_a], -1), torch.cat([b, ones_b, half_b], -1))
+    if compiled and fused_encoder.applies(logits) and clamped_exp.applies(logits):
+        return clamped_exp.clamped_exp(logits)
     return torch.exp(logits.clamp_max(0.0))
 
 
@@ -100,11 +109,12 @@ class SkyformerAttention(Attention):
         idx_k, valid_k = sample_real_tokens(self.sampler, real, q.shape[1], m - half, stream=1)
         x_s = torch.cat([gather_tokens(qf, idx_q), gather_tokens(kf, idx_k)], dim=-2)
         valid = torch.cat([valid_q, valid_k], dim=-1)
-        left = gaussian_kernel(qf, x_s, b_valid=valid)
-        right = gaussian_kernel(x_s, kf, a_valid=valid, b_valid=None if mask is None else mask[:, None, :])
+        keys = None if mask is None else mask[:, None, :]
+        left = gaussian_kernel(qf, x_s, b_valid=valid, compiled=self.compiled)
+        right = gaussian_kernel(x_s, kf, a_valid=valid, b_valid=keys, compiled=self.compiled)
         pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
         eye = torch.eye(m, device=q.device, dtype=qf.dtype)
-        core = torch.where(pair, gaussian_kernel(x_s, x_s) + self.ridge * eye, eye)
+        core = torch.where(pair, gaussian_kernel(x_s, x_s, compiled=self.compiled) + self.ridge * eye, eye)
         inv_sqrt = core.sum(-1).clamp_min(1e-12).rsqrt()
         normed = core * inv_sqrt.unsqueeze(-1) * inv_sqrt.unsqueeze(-2)
         pinv = exact_pinv(normed) if self.pinv == "exact" else iterative_pinv(normed, self.pinv_iterations)
