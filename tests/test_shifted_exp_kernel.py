@@ -16,17 +16,18 @@ from tests.kernel_paths import compiled_in_encoder, on_both_paths, on_one_and_tw
 pytestmark = pytest.mark.skipif(load("shifted_exp") is None, reason="the compiled kernel cannot be built here")
 
 
-def features_case(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Projections `[2, 3, 40, 37]` (a feature count that is no multiple of a vector), offsets at least each row's
-    maximum (the exponent ≤ 0, as Performer's shift makes it) with +inf on the second sequence's last 10 rows (pad
-    keys), and a floor per row that is 0 on those rows."""
+def features_case(dtype: torch.dtype, n: int = 40, m: int = 37) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Projections `[2, 3, n, m]` (m = 37: a feature count that is no multiple of a vector), offsets at least each
+    row's maximum (the exponent ≤ 0, as Performer's shift makes it) with +inf on the second sequence's last quarter of
+    rows (pad keys), and a floor per row that is 0 on those rows."""
     gen = torch.Generator().manual_seed(21)
-    proj = (3 * torch.randn(2, 3, 40, 37, dtype=dtype, generator=gen)).requires_grad_()
-    offset = proj.detach().amax(-1, keepdim=True) + torch.rand(2, 3, 40, 1, dtype=dtype, generator=gen)
-    offset[1, :, 30:] = float("inf")
+    proj = (3 * torch.randn(2, 3, n, m, dtype=dtype, generator=gen)).requires_grad_()
+    offset = proj.detach().amax(-1, keepdim=True) + torch.rand(2, 3, n, 1, dtype=dtype, generator=gen)
+    pads = n - n // 4
+    offset[1, :, pads:] = float("inf")
     offset.requires_grad_()
-    floor = torch.full((2, 1, 40, 1), 1e-4, dtype=dtype)
-    floor[1, :, 30:] = 0.0
+    floor = torch.full((2, 1, n, 1), 1e-4, dtype=dtype)
+    floor[1, :, pads:] = 0.0
     return proj, offset, floor
 
 
@@ -54,7 +55,7 @@ def test_the_features_match_the_eager_form(dtype: torch.dtype, tol: float) -> No
 def test_the_features_pass_gradcheck_and_ignore_the_thread_count() -> None:
     """torch's gradcheck in fp64 (projections and offsets); fp32 features and gradients bit for bit the same on 1 and
     2 threads."""
-    proj, offset, floor = features_case(torch.float64)
+    proj, offset, floor = features_case(torch.float64, n=8, m=5)
     assert torch.autograd.gradcheck(lambda p, o: shifted_exp.CompiledShiftedExp.apply(p, o, floor), (proj, offset))
     proj, offset, floor = features_case(torch.float32)
     one, two = on_one_and_two_threads(lambda: features_and_grads(shifted_exp.shifted_exp, proj, offset, floor))
