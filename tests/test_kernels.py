@@ -69,6 +69,17 @@ def test_values_and_gradients_match_the_materialised_form(dtype: torch.dtype, to
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+def test_a_sequence_of_pads_only_attends_to_nothing() -> None:
+    """A query whose keys are all pads (a sequence of pads only) gets 0 and sends no gradient, where a materialised
+    softmax over −inf scores gives NaN; the other sequence is untouched."""
+    q, k, v, keys = inputs(torch.float32, b=2, h=2, n=40, d=8)
+    keys[1] = False
+    out = flash_attention.flash_dropout_attention(q, k, v, keys, P, seed=3)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert torch.all(out[1] == 0) and all(torch.all(g[1] == 0) for g in grads)
+    torch.testing.assert_close(out[0], materialised(q, k, v, keys, P, 3)[0], rtol=2e-5, atol=2e-5)
+
+
 def test_torch_gradcheck_in_fp64() -> None:
     q, k, v, keys = inputs(torch.float64, b=1, h=2, n=20, d=4)
     bias = torch.zeros(keys.shape, dtype=torch.float64).masked_fill_(~keys, float("-inf"))

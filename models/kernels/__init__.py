@@ -45,9 +45,9 @@ SOURCES = Path(__file__).parent
 #: vector blend (otherwise it keeps a branch, for a trap torch never enables) — GELU's sign and range selects, the
 #: dropout factor on AVX2 — which also lets it contract a multiply and an add around the select into one FMA
 #: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had. The
-#: RPCholesky and pivoted-QR pivots, the row log-sum-exp, local attention, Performer's features and Skyformer's kernel
-#: need it to vectorise their selects (the log-weights of drawable tokens, the clamped downdates, exp's floor, the
-#: masked scores, the clamp)
+#: RPCholesky and pivoted-QR pivots, the row log-sum-exp, the flash kernel's softmax, local attention, Performer's
+#: features and Skyformer's kernel need it to vectorise their selects (the log-weights of drawable tokens, the clamped
+#: downdates, exp's floor, the masked scores, the clamp)
 FLAGS: dict[str, tuple[str, ...]] = {
     "fused_encoder": ("-fno-trapping-math",),
     "rpcholesky_pivots": ("-fno-trapping-math",),
@@ -56,6 +56,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "local_attention": ("-fno-trapping-math",),
     "shifted_exp": ("-fno-trapping-math",),
     "clamped_exp": ("-fno-trapping-math",),
+    "flash_attention": ("-fno-trapping-math",),
 }
 
 #: the file torch's extension loader creates in the build folder while it builds, and waits on while it exists

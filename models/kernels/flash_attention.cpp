@@ -9,9 +9,11 @@
 // where keep is a Bernoulli(1 - p) mask made inside the kernel from a counter-based hash of (seed, batch*head,
 // row, column): the backward regenerates it from the same seed instead of storing it, as FlashAttention does on
 // GPUs. The mask depends only on the seed and the element's position, never on the thread count or the block size.
-// Products go through ATen's mm (the BLAS torch uses), softmax through ATen's vectorised kernel (runtime CPU
-// dispatch); the hash and the elementwise gradient loops are compiled for AVX-512, AVX2 and a baseline, chosen at
-// load time by the dynamic loader (GCC target_clones), so one build runs on every x86-64 machine.
+// Products go through ATen's mm (the BLAS torch uses); the key bias and the softmax run in one pass per row while
+// it is in cache (vec_math.h: ATen's add_ and _softmax_out were two passes and two dispatches per block, ~7% of the
+// training step of full attention), and a row with no attended key is 0 rather than NaN. The softmax, the hash and
+// the elementwise gradient loops are compiled for AVX-512, AVX2 and a baseline, chosen at load time by the dynamic
+// loader (GCC target_clones), so one build runs on every x86-64 machine.
 //
 // Backward (the standard flash-attention derivation, with D_i = rowsum(dO_i * O_i) passed in):
 //   dV += (P*keep/(1-p))^T dO,   dP = (dO V^T) * keep/(1-p),   dS = P * (dP - D),
@@ -27,19 +29,24 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "hash_dropout.h"
 #include "kernel_args.h"
+#include "vec_math.h"  // exp_t, maximum, sum
 
 namespace {
 
 using lra::check;
 using lra::drop_row;
 using lra::drop_threshold;
+using lra::exp_t;
 using lra::keep_scale;
 using lra::kept;
+using lra::maximum;
 using lra::row_key;
+using lra::sum;
 
 constexpr int64_t kQueryBlock = 128;  // query rows per block: 128 x 2048 fp32 scores = 1 MiB
 
@@ -59,12 +66,40 @@ LRA_CLONES void grad_row(const double* p, const double* dpdrop, double* ds, int6
   grad_row_impl(p, dpdrop, ds, n, key, threshold, scale, d);
 }
 
-// P (or its dropped form) of one block: scores, key bias, softmax
+// probs [rows, m] = softmax of each row of scores [rows, m] plus the key bias [m], in one pass over the row while it
+// is in cache (the bias added, the maximum, exp, the sum in 16 lanes, the scaling); a row without an attended key
+// (bias -inf on every key: a sequence of pads only) is 0 rather than ATen's NaN
+template <typename T>
+inline __attribute__((always_inline)) void softmax_rows_impl(T* scores, const T* bias, T* probs, int64_t rows,
+                                                             int64_t m) {
+  for (int64_t i = 0; i < rows; ++i) {
+    T* s = scores + i * m;
+    T* p = probs + i * m;
+    for (int64_t j = 0; j < m; ++j) s[j] += bias[j];
+    const T top = maximum(s, m);
+    const T shift = top == -std::numeric_limits<T>::infinity() ? T(0) : top;
+    for (int64_t j = 0; j < m; ++j) p[j] = exp_t(s[j] - shift);
+    const T total = sum(p, m);
+    const T inverse = total > T(0) ? T(1) / total : T(0);
+    for (int64_t j = 0; j < m; ++j) p[j] *= inverse;
+  }
+}
+
+LRA_CLONES void softmax_rows(float* scores, const float* bias, float* probs, int64_t rows, int64_t m) {
+  softmax_rows_impl(scores, bias, probs, rows, m);
+}
+LRA_CLONES void softmax_rows(double* scores, const double* bias, double* probs, int64_t rows, int64_t m) {
+  softmax_rows_impl(scores, bias, probs, rows, m);
+}
+
+// P (or its dropped form) of one block: scores, then the key bias and the softmax in one pass per row
 void block_probs(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_row, at::Tensor& scores,
                  at::Tensor& probs) {
   at::mm_out(scores, q_blk, k_t);
-  scores.add_(bias_row);
-  at::_softmax_out(probs, scores, 1, false);
+  AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "flash_block_softmax", [&] {
+    softmax_rows(scores.data_ptr<scalar_t>(), bias_row.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
+                 scores.size(0), scores.size(1));
+  });
 }
 
 template <typename T>
