@@ -29,24 +29,20 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "hash_dropout.h"
 #include "kernel_args.h"
-#include "vec_math.h"  // exp_t, maximum, sum
+#include "vec_math.h"  // biased_softmax
 
 namespace {
 
 using lra::check;
 using lra::drop_row;
 using lra::drop_threshold;
-using lra::exp_t;
 using lra::keep_scale;
 using lra::kept;
-using lra::maximum;
 using lra::row_key;
-using lra::sum;
 
 constexpr int64_t kQueryBlock = 128;  // query rows per block: 128 x 2048 fp32 scores = 1 MiB
 
@@ -73,15 +69,7 @@ template <typename T>
 inline __attribute__((always_inline)) void softmax_rows_impl(T* scores, const T* bias, T* probs, int64_t rows,
                                                              int64_t m) {
   for (int64_t i = 0; i < rows; ++i) {
-    T* s = scores + i * m;
-    T* p = probs + i * m;
-    for (int64_t j = 0; j < m; ++j) s[j] += bias[j];
-    const T top = maximum(s, m);
-    const T shift = top == -std::numeric_limits<T>::infinity() ? T(0) : top;
-    for (int64_t j = 0; j < m; ++j) p[j] = exp_t(s[j] - shift);
-    const T total = sum(p, m);
-    const T inverse = total > T(0) ? T(1) / total : T(0);
-    for (int64_t j = 0; j < m; ++j) p[j] *= inverse;
+    lra::biased_softmax(scores + i * m, bias, probs + i * m, m);
   }
 }
 

@@ -27,12 +27,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
-#include "vec_math.h"  // dot, exp_t, maximum, sum
+#include "vec_math.h"  // biased_softmax, dot
 
 // The Fortran BLAS torch's CPU build carries (MKL on x86-64, exported by libtorch_cpu): ATen's own products call it,
 // and its C++ wrapper (at::native::cpublas::gemm) is not exported to extensions
@@ -49,9 +48,6 @@ namespace {
 
 using lra::check;
 using lra::dot;
-using lra::exp_t;
-using lra::maximum;
-using lra::sum;
 
 // row-major C[M, N] = alpha * op(A) op(B) + beta * C, op(X) = X or its transpose (`ta`, `tb`; A stored [M, K] or
 // [K, M], B [K, N] or [N, K], each with its row stride): the column-major BLAS computing C^T = op(B)^T op(A)^T
@@ -82,18 +78,7 @@ inline __attribute__((always_inline)) void band_softmax_impl(T* s, const T* bias
                                                              int64_t hi) {
   for (int64_t j = 0; j < lo; ++j) s[j] = T(0);
   for (int64_t j = hi; j < width; ++j) s[j] = T(0);
-  T* b = s + lo;
-  const T* kb = bias + lo;
-  const int64_t len = hi - lo;
-  for (int64_t j = 0; j < len; ++j) b[j] += kb[j];
-  const T top = maximum(b, len);
-  if (top == -std::numeric_limits<T>::infinity()) {
-    for (int64_t j = 0; j < len; ++j) b[j] = T(0);
-    return;
-  }
-  for (int64_t j = 0; j < len; ++j) b[j] = exp_t(b[j] - top);
-  const T inverse = T(1) / sum(b, len);
-  for (int64_t j = 0; j < len; ++j) b[j] *= inverse;
+  lra::biased_softmax(s + lo, bias + lo, s + lo, hi - lo);
 }
 
 LRA_CLONES void band_softmax(float* s, const float* bias, int64_t width, int64_t lo, int64_t hi) {

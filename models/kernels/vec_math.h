@@ -71,6 +71,19 @@ inline __attribute__((always_inline)) T sum(const T* x, int64_t n) {
   return total;
 }
 
+// p[0..n) = softmax of s[0..n) + bias[0..n), the biased scores left in s (p may be s): the maximum, exp, the sum in 16
+// lanes, the scaling; where no key is attended (bias -inf on all of them) p is 0 rather than NaN
+template <typename T>
+inline __attribute__((always_inline)) void biased_softmax(T* s, const T* bias, T* p, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) s[j] += bias[j];
+  const T top = maximum(s, n);
+  const T shift = top == -std::numeric_limits<T>::infinity() ? T(0) : top;
+  for (int64_t j = 0; j < n; ++j) p[j] = exp_t(s[j] - shift);
+  const T total = sum(p, n);
+  const T inverse = total > T(0) ? T(1) / total : T(0);
+  for (int64_t j = 0; j < n; ++j) p[j] *= inverse;
+}
+
 // x . y over n elements, in 16 running lanes so that the loop vectorises
 template <typename T>
 inline __attribute__((always_inline)) T dot(const T* x, const T* y, int64_t n) {
