@@ -58,6 +58,7 @@ from torch import nn
 from models.attention.landmark import LandmarkAttention
 from models.attention.numerics import fp32_core, transposed_product
 from models.cost import Flops, Params
+from models.kernels import fused_encoder, tanh_affinity
 from models.knobs import knobs
 from models.landmarks.base import Landmarks, resolve_num_landmarks
 from models.landmarks.hash import HashSelector
@@ -214,14 +215,25 @@ class SpectralAttention(LandmarkAttention):
         zs = unit(lm.queries)  # centroids are renormalised onto the sphere (no-op for token landmarks)
         with fp32_core(q.device):
             zf, zsf = z.float(), zs.float()
-            cols = affinity(zf, zsf, self.affinity, self.bandwidth, self.temperature) * lm.valid.unsqueeze(-2)
-            if mask is not None:
-                cols = cols * mask[:, None, :, None]
+            cols = self.columns(zf, zsf, lm.valid, mask)
             core = affinity(zsf, zsf, self.affinity, self.bandwidth, self.temperature)
             p, rank = truncated_inverse(core, lm.valid, self.eig_tol, self.eig_tol_mode, self.eps)
         self._rank_kept = rank.detach()
         self.last_rank = self._rank_kept  # [B, H]: the rank of C P Cᵀ (diagnostics)
         return cols, p
+
+    def columns(
+        self, z: torch.Tensor, zs: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """C = the affinity of the tokens `z` and the landmarks `zs`, an invalid landmark's column and a pad's row zero.
+        Where the encoder's chain is compiled (`compiled`), the tanh affinity goes through the kernel
+        `models.kernels.tanh_affinity`: one pass each way instead of four, ATen's slow tanh replaced (the values at
+        fp32 rounding)."""
+        if self.affinity == "tanh" and self.compiled and fused_encoder.applies(z) and tanh_affinity.applies(z):
+            temperature = resolve_temperature(self.temperature, z.shape[-1])
+            return tanh_affinity.masked_tanh(z @ zs.transpose(-1, -2), temperature, valid, mask)
+        cols = affinity(z, zs, self.affinity, self.bandwidth, self.temperature) * valid.unsqueeze(-2)
+        return cols if mask is None else cols * mask[:, None, :, None]
 
     def _scale(self, mask: torch.Tensor | None, n: int, ref: torch.Tensor) -> torch.Tensor:
         alpha = self.alpha.float()[None, :, None, None]

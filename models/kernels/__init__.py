@@ -46,8 +46,8 @@ SOURCES = Path(__file__).parent
 #: dropout factor on AVX2 — which also lets it contract a multiply and an add around the select into one FMA
 #: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had. The
 #: RPCholesky and pivoted-QR pivots, the row log-sum-exp, the flash kernel's softmax, local attention, Performer's
-#: features and Skyformer's kernel need it to vectorise their selects (the log-weights of drawable tokens, the clamped
-#: downdates, exp's floor, the masked scores, the clamp)
+#: features, Skyformer's kernel and the spectral mixer's tanh need it to vectorise their selects (the log-weights of
+#: drawable tokens, the clamped downdates, exp's floor, the masked scores, the clamp, tanh's two branches)
 FLAGS: dict[str, tuple[str, ...]] = {
     "fused_encoder": ("-fno-trapping-math",),
     "rpcholesky_pivots": ("-fno-trapping-math",),
@@ -57,6 +57,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "shifted_exp": ("-fno-trapping-math",),
     "clamped_exp": ("-fno-trapping-math",),
     "flash_attention": ("-fno-trapping-math",),
+    "tanh_affinity": ("-fno-trapping-math",),
 }
 
 #: the file torch's extension loader creates in the build folder while it builds, and waits on while it exists
