@@ -29,46 +29,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "blas.h"  // product
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
 #include "vec_math.h"  // biased_softmax, dot
-
-// The Fortran BLAS torch's CPU build carries (MKL on x86-64, exported by libtorch_cpu): ATen's own products call it,
-// and its C++ wrapper (at::native::cpublas::gemm) is not exported to extensions
-extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
-            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
-            const int* ldc);
-void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const double* alpha,
-            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
-            const int* ldc);
-}
 
 namespace {
 
 using lra::check;
 using lra::dot;
-
-// row-major C[M, N] = alpha * op(A) op(B) + beta * C, op(X) = X or its transpose (`ta`, `tb`; A stored [M, K] or
-// [K, M], B [K, N] or [N, K], each with its row stride): the column-major BLAS computing C^T = op(B)^T op(A)^T
-inline void gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
-                 const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
-                 const int* ldc) {
-  sgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-inline void gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const double* alpha,
-                 const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
-                 const int* ldc) {
-  dgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-template <typename T>
-void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-             int64_t ldb, T beta, T* C, int64_t ldc) {
-  const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
-  const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
-  gemm(tb ? "T" : "N", ta ? "T" : "N", &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
-}
+using lra::product;
 
 // One row of scores `s` [width] over keys k0 .. k0 + width - 1 -> its weights in place: the band [lo, hi) of the row
 // (positions within the tile) with the keys' bias added, softmaxed; every other position 0 (and the whole row 0 when

@@ -15,8 +15,9 @@
 // costs D(D+1)/2 products a row against C*F multiply-adds of the products around it).
 //
 // Rounding: the features are bit-identical to the torch form (the same products in the same order:
-// x_a * (sqrt2 * x_b)); the block products are torch's own matmul on row blocks, and the feature backward sums each
-// x's contributions in another order than autograd: fp32 rounding.
+// x_a * (sqrt2 * x_b)); the block products go straight to the BLAS torch's own matmul calls (blas.h: no tensor view
+// or dispatch per block), and the feature backward sums each x's contributions in another order than autograd: fp32
+// rounding.
 
 #include <torch/extension.h>
 
@@ -25,11 +26,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "blas.h"  // product
 #include "kernel_args.h"
 
 namespace {
 
 using lra::check;
+using lra::product;
 
 constexpr int64_t kBlock = 64;  // rows a block: 64 x 528 fp32 features = 135 KB, inside a core's L2
 
@@ -72,20 +75,6 @@ void lift_block(const at::Tensor& x, int64_t g, int64_t row, const at::Tensor& b
 }
 
 int64_t features_of(const at::Tensor& x) { return x.size(-1) * (x.size(-1) + 1) / 2; }
-
-// fn(g, row, block) for every block of up to kBlock rows of each of `groups` groups of n rows, in parallel; `block`
-// is this thread's buffer, [rows, f]
-template <typename Fn>
-void each_block(int64_t groups, int64_t n, int64_t f, const at::TensorOptions& options, const Fn& fn) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
-    auto buffer = at::empty({kBlock, f}, options);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t g = i / blocks, row = (i % blocks) * kBlock;
-      fn(g, row, buffer.narrow(0, 0, std::min(kBlock, n - row)));
-    }
-  });
-}
 
 void check_rows(const at::Tensor& x, const at::Tensor& a, const char* a_name) {
   TORCH_CHECK(x.dim() == 3 && a.dim() == 3 && a.size(0) == x.size(0) && a.size(1) == x.size(1), "x must be [G, n, D] and ",
@@ -133,18 +122,19 @@ at::Tensor backward(const at::Tensor& grad, const at::Tensor& x) {
 at::Tensor summary(const at::Tensor& x, const at::Tensor& w) {
   check({{&x, "x"}, {&w, "w"}});
   check_rows(x, w, "w");
-  const int64_t groups = x.size(0), n = x.size(1), f = features_of(x);
-  auto s = at::zeros({groups, w.size(2), f}, x.options());
+  const int64_t groups = x.size(0), n = x.size(1), c = w.size(2), f = features_of(x);
+  auto s = at::zeros({groups, c, f}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "polynomial_summary", [&] {
     at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
       auto buffer = at::empty({kBlock, f}, x.options());
+      scalar_t* block = buffer.data_ptr<scalar_t>();
       for (int64_t g = begin; g < end; ++g) {
-        auto sg = s[g];
+        scalar_t* sg = s.data_ptr<scalar_t>() + g * c * f;
         for (int64_t row = 0; row < n; row += kBlock) {
           const int64_t rows = std::min(kBlock, n - row);
-          auto block = buffer.narrow(0, 0, rows);
-          lift_block<scalar_t>(x, g, row, block);
-          sg.addmm_(w[g].narrow(0, row, rows).t(), block);
+          lift_block<scalar_t>(x, g, row, buffer.narrow(0, 0, rows));
+          const scalar_t* wg = w.data_ptr<scalar_t>() + (g * n + row) * c;
+          product<scalar_t>(true, false, c, f, rows, 1, wg, c, block, f, 1, sg, f);  // s_g += w_blk^T phi_blk
         }
       }
     });
@@ -152,17 +142,27 @@ at::Tensor summary(const at::Tensor& x, const at::Tensor& w) {
   return s;
 }
 
-// x [G, n, D], s [G, C, F] -> phi(x) s^T [G, n, C]
+// x [G, n, D], s [G, C, F] -> phi(x) s^T [G, n, C]. Each block's product is formed transposed, s_g phi_blk^T
+// [C, rows], and copied into place: with C = D + 1 = 33 columns the BLAS's row-major [rows, C] form runs on a column
+// tile and a sliver (71 against 57 ms a call at the ListOps shape, one Zen 5 thread), the transposed one does not.
 at::Tensor apply(const at::Tensor& x, const at::Tensor& s) {
   check({{&x, "x"}, {&s, "s"}});
   check_summary(x, s);
-  const int64_t groups = x.size(0), n = x.size(1);
-  auto out = at::empty({groups, n, s.size(1)}, x.options());
+  const int64_t groups = x.size(0), n = x.size(1), c = s.size(1), f = features_of(x);
+  auto out = at::empty({groups, n, c}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "polynomial_apply", [&] {
-    each_block(groups, n, features_of(x), x.options(), [&](int64_t g, int64_t row, const at::Tensor& block) {
-      lift_block<scalar_t>(x, g, row, block);
-      auto target = out[g].narrow(0, row, block.size(0));
-      at::mm_out(target, block, s[g].t());
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
+      auto buffer = at::empty({kBlock, f}, x.options()), transposed = at::empty({c, kBlock}, x.options());
+      scalar_t *block = buffer.data_ptr<scalar_t>(), *t = transposed.data_ptr<scalar_t>();
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t g = i / blocks, row = (i % blocks) * kBlock, rows = std::min(kBlock, n - row);
+        lift_block<scalar_t>(x, g, row, buffer.narrow(0, 0, rows));
+        product<scalar_t>(false, true, c, rows, f, 1, s.data_ptr<scalar_t>() + g * c * f, f, block, f, 0, t, rows);
+        scalar_t* target = out.data_ptr<scalar_t>() + (g * n + row) * c;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < c; ++j) target[r * c + j] = t[j * rows + r];
+      }
     });
   });
   return out;
@@ -173,16 +173,21 @@ at::Tensor backward_through(const at::Tensor& x, const at::Tensor& a, const at::
   check({{&x, "x"}, {&a, "a"}, {&s, "s"}});
   check_rows(x, a, "a");
   check_summary(x, s);
-  const int64_t groups = x.size(0), n = x.size(1), d = x.size(2), f = features_of(x);
+  const int64_t groups = x.size(0), n = x.size(1), d = x.size(2), c = a.size(2), f = features_of(x);
   auto dx = at::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "polynomial_backward_through", [&] {
-    each_block(groups, n, f, x.options(), [&](int64_t g, int64_t row, const at::Tensor& block) {
-      auto grad = block;  // the block's feature gradients, a s
-      at::mm_out(grad, a[g].narrow(0, row, block.size(0)), s[g]);
-      const scalar_t* xr = x.data_ptr<scalar_t>() + (g * n + row) * d;
-      const scalar_t* gr = grad.data_ptr<scalar_t>();
-      scalar_t* out = dx.data_ptr<scalar_t>() + (g * n + row) * d;
-      for (int64_t r = 0; r < block.size(0); ++r) fold_row(xr + r * d, gr + r * f, out + r * d, d);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
+      auto buffer = at::empty({kBlock, f}, x.options());
+      scalar_t* grad = buffer.data_ptr<scalar_t>();  // the block's feature gradients, a s
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t g = i / blocks, row = (i % blocks) * kBlock, rows = std::min(kBlock, n - row);
+        const scalar_t* ag = a.data_ptr<scalar_t>() + (g * n + row) * c;
+        product<scalar_t>(false, false, rows, f, c, 1, ag, c, s.data_ptr<scalar_t>() + g * c * f, f, 0, grad, f);
+        const scalar_t* xr = x.data_ptr<scalar_t>() + (g * n + row) * d;
+        scalar_t* out = dx.data_ptr<scalar_t>() + (g * n + row) * d;
+        for (int64_t r = 0; r < rows; ++r) fold_row(xr + r * d, grad + r * f, out + r * d, d);
+      }
     });
   });
   return dx;
