@@ -244,6 +244,25 @@ def test_polynomial_features_match_the_torch_form() -> None:
     assert kept == [rows * (16 + 1), rows * 16 * 17 // 2], "fused: nothing larger than [V | 1] kept; eager: φ"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_blocked_core_lifts_and_folds_as_the_rows_do(dtype: torch.dtype) -> None:
+    """The blocked core computes φ and its backward along a block's rows (vectorised); each row must get the row form's
+    operations in their order. With S the identity (a one-hot row per feature: every product and sum exact), `apply`
+    returns the block's φ and `backward_through` folds A itself: bit for bit `forward` and `backward` of the row form,
+    over 70 rows (a block of 64 and a part one)."""
+    from models.kernels import polynomial_features
+
+    kernel = polynomial_features.built()
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 70, 16, dtype=dtype, generator=gen)
+    features = 16 * 17 // 2
+    identity = torch.eye(features, dtype=dtype).expand(2, features, features).contiguous()
+    grads = torch.randn(2, 70, features, dtype=dtype, generator=gen)
+    rows_x, rows_grads = x.reshape(-1, 16), grads.reshape(-1, features)
+    assert torch.equal(kernel.apply(x, identity).reshape(-1, features), kernel.forward(rows_x))
+    assert torch.equal(kernel.backward_through(x, grads, identity).reshape(-1, 16), kernel.backward(rows_grads, rows_x))
+
+
 def conv_skip(n: int, d: int, dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Nyström attention (3 heads, the protocol's 35 taps), values `[2, 3, n, d]` and a key mask whose second sequence
     ends in pads."""

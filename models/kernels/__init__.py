@@ -47,7 +47,9 @@ SOURCES = Path(__file__).parent
 #: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had. The
 #: RPCholesky and pivoted-QR pivots, the row log-sum-exp, the flash kernel's softmax, local attention, Performer's
 #: features, Skyformer's kernel and the spectral mixer's tanh need it to vectorise their selects (the log-weights of
-#: drawable tokens, the clamped downdates, exp's floor, the masked scores, the clamp, tanh's two branches)
+#: drawable tokens, the clamped downdates, exp's floor, the masked scores, the clamp, tanh's two branches).
+#: `-ffp-contract=off` keeps polynomial attention's feature loops, vectorised along a block's rows, in the operations
+#: of its scalar rows (a product, then a sum: no FMA), so the features and their gradients are those rows' bit for bit
 FLAGS: dict[str, tuple[str, ...]] = {
     "fused_encoder": ("-fno-trapping-math",),
     "rpcholesky_pivots": ("-fno-trapping-math",),
@@ -58,6 +60,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "clamped_exp": ("-fno-trapping-math",),
     "flash_attention": ("-fno-trapping-math",),
     "tanh_affinity": ("-fno-trapping-math",),
+    "polynomial_features": ("-ffp-contract=off",),
 }
 
 #: the file torch's extension loader creates in the build folder while it builds, and waits on while it exists
