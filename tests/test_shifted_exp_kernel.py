@@ -77,12 +77,12 @@ def test_performer_computes_the_same_attention_on_both_paths(reference: bool) ->
 
 def test_the_encoder_computes_performer_features_compiled_exactly_where_its_chain_is() -> None:
     """`model.kernels` says how the whole network computes: the compiled chain (auto, fused) takes the compiled
-    features with it, the eager chain keeps `ShiftedExp`."""
+    features and `FeatureMix` with it, the eager chain keeps `ShiftedExp` and autograd's products."""
     from lra_bench.registry import build_attention
 
     def performer(layer: int, n: int) -> Any:
         return build_attention("performer", head_dim=8, num_heads=2, seq_len=n, num_features=8)
 
-    node = "CompiledShiftedExp"
-    assert compiled_in_encoder("fused", performer, node) and compiled_in_encoder("auto", performer, node)
-    assert not compiled_in_encoder("eager", performer, node)
+    for node in ("CompiledShiftedExp", "FeatureMix"):  # the features, and their mix without thin products
+        assert compiled_in_encoder("fused", performer, node) and compiled_in_encoder("auto", performer, node)
+        assert not compiled_in_encoder("eager", performer, node)

@@ -69,6 +69,34 @@ class ShiftedExp(torch.autograd.Function):
         return grad_proj, -grad_proj.sum(-1, keepdim=True), None
 
 
+class FeatureMix(torch.autograd.Function):
+    """`φ(Q) (φ(K)ᵀ [V | 1])` for `φ(Q) [..., N, M]`, `φ(K) [..., N', M]`, `[V | 1] [..., N', E]`, with every product
+    of the forward and the backward formed so that its output has M or N columns, never E.
+
+    Why: E = d + 1 = 33 output columns cost the BLAS a full column tile and a one-column sliver — the [N, 33] and
+    [M, 33] products of this mix ran at ~44 ms against ~34–36 ms for their transposes ([33, N], [33, M]) at the
+    ListOps shape (B·H = 64, N = 2048, M = 256, one Zen 5 thread) — and four of its six products had such an output.
+    Here the summary is kept transposed, Sᵀ = [V | 1]ᵀ φ(K) [E, M], the mix is formed as (Sᵀ φ(Q)ᵀ)ᵀ and `[V | 1]`'s
+    gradient as (dSᵀ φ(K)ᵀ)ᵀ, each copied row-major once (17 MB): the same dot products as autograd's chain, summed
+    by the BLAS in another order (fp32 rounding); φ(K)'s gradient is row-major, as `transposed_product` makes it. It
+    runs with the encoder's compiled chain (`model.kernels`), so the eager path computes as before."""
+
+    @staticmethod
+    def forward(ctx: Any, phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        summary_t = values.transpose(-1, -2) @ phi_k  # Sᵀ [E, M]
+        ctx.save_for_backward(phi_q, phi_k, values, summary_t)
+        return (summary_t @ phi_q.transpose(-1, -2)).transpose(-1, -2).contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        phi_q, phi_k, values, summary_t = ctx.saved_tensors
+        grad_summary_t = grad.transpose(-1, -2) @ phi_q  # dSᵀ [E, M]
+        grad_phi_q = grad @ summary_t
+        grad_phi_k = values @ grad_summary_t
+        grad_values = (grad_summary_t @ phi_k.transpose(-1, -2)).transpose(-1, -2).contiguous()
+        return grad_phi_q, grad_phi_k, grad_values
+
+
 def gaussian_features(
     generator: torch.Generator, heads: int, features: int, dim: int, orthogonal: bool
 ) -> torch.Tensor:
@@ -214,10 +242,14 @@ class PerformerAttention(Attention):
             if keep is not None:
                 vf = vf * keep
             ones = torch.ones_like(v[..., :1], dtype=torch.float32)
-            # φ(K)ᵀ[V | 1] with φ(K)'s gradient row-major, the layout of its exponential: as autograd sends it
-            # (transposed), the features' backward multiplied the two element by element across layouts, the
-            # slowest pass of the step, then copied it row-major for the projection's
-            both = phi_q @ transposed_product(phi_k, torch.cat([vf, ones], dim=-1))
+            values = torch.cat([vf, ones], dim=-1)
+            if self.compiled and fused_encoder.applies(phi_q):  # with the encoder's compiled chain: see FeatureMix
+                both = FeatureMix.apply(phi_q, phi_k, values)
+            else:
+                # φ(K)ᵀ[V | 1] with φ(K)'s gradient row-major, the layout of its exponential: as autograd sends it
+                # (transposed), the features' backward multiplied the two element by element across layouts, the
+                # slowest pass of the step, then copied it row-major for the projection's
+                both = phi_q @ transposed_product(phi_k, values)
             out = both[..., :-1] / both[..., -1:].clamp_min(1e-30)
         return out.to(v.dtype)
 
