@@ -114,20 +114,22 @@ def test_each_fused_step_passes_gradcheck_in_fp64(case: str) -> None:
 
 def test_head_major_tensors_are_read_through_their_strides() -> None:
     """An attention's gradients reach the head split as transposed or sliced views (nystrom's dk and gpa's dq and dk
-    are `[B, H, D, N]` in memory, spectral's are halves of one tensor), and a context may be a view too: the kernel
-    reads them in place (a D-major one along N, the masked v's too), with the values of their contiguous copies."""
+    are `[B, H, D, N]` in memory, spectral's are halves of one tensor, linformer's dk and dv `[H, N, B, D]`), and a
+    context may be a view too: the kernel reads them in place (a D-major one along N, the masked v's too; a batch
+    interleaved within a sequence's stride through a copy), with the values of their contiguous copies."""
     proj, bias = leaves(torch.float64, (B, N, 3 * H * D), (3 * H * D,))
     q, k, v = fused_encoder.SplitHeads.apply(proj, bias, key_mask(), H)
     gen = torch.Generator().manual_seed(2)
     transposed = torch.randn(B, H, D, N, dtype=torch.float64, generator=gen).transpose(-1, -2)
     sliced = torch.randn(B, H, N, 2 * D, dtype=torch.float64, generator=gen)[..., :D]
     token_major = torch.randn(B, N, H, D, dtype=torch.float64, generator=gen).transpose(1, 2)
-    assert not any(t.is_contiguous() for t in (transposed, sliced, token_major))
-    for views in ((transposed, sliced, token_major), (sliced, token_major, transposed)):
+    interleaved = torch.randn(H, N, B, D, dtype=torch.float64, generator=gen).permute(2, 0, 1, 3)  # linformer's dk, dv
+    assert not any(t.is_contiguous() for t in (transposed, sliced, token_major, interleaved))
+    for views in ((transposed, sliced, token_major), (sliced, token_major, transposed), (interleaved,) * 3):
         strided = torch.autograd.grad((q, k, v), (proj, bias), views, retain_graph=True)
         copied = torch.autograd.grad((q, k, v), (proj, bias), [t.contiguous() for t in views], retain_graph=True)
         assert all(torch.equal(a, b) for a, b in zip(strided, copied, strict=True))
-    for context in (token_major, transposed):
+    for context in (token_major, transposed, interleaved):
         assert torch.equal(
             fused_encoder.merge_heads(context, key_mask()), fused_encoder.merge_heads(context.contiguous(), key_mask())
         )
