@@ -72,11 +72,11 @@ inline void fold_row(const T* xr, const T* gr, T* out, int64_t d) {
 // of the triangle (31 down to 1 pairs at D = 32) left lifting and folding at ~500 and ~1,200 cycles a row; the
 // products take the transposed operands from the BLAS at its full rate.
 
-// rows [0, rows) of x (row stride d) -> xt [d, rows]
+// x [rows, cols] (row-major) -> xt [cols, rows]: a block's x into its columns, and a result back into its rows
 template <typename T>
-void transpose_into(const T* x, int64_t rows, int64_t d, T* xt) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t a = 0; a < d; ++a) xt[a * rows + r] = x[r * d + a];
+void transpose_into(const T* x, int64_t rows, int64_t cols, T* xt) {
+  for (int64_t a = 0; a < cols; ++a)
+    for (int64_t r = 0; r < rows; ++r) xt[a * rows + r] = x[r * cols + a];
 }
 
 // phi^T [F, rows] of the block whose x^T is [d, rows]: lift_row along the rows
@@ -139,6 +139,21 @@ struct BlockBuffers {
         phit(xt + d * kBlock),
         out(phit + f * kBlock) {}
 };
+
+// fn(g, row, rows, buffers) for every block [row, row + rows) of up to kBlock rows of each of `groups` groups of n
+// rows, in parallel, with this thread's buffers
+template <typename T, typename Fn>
+void each_block(int64_t groups, int64_t n, int64_t d, int64_t f, int64_t c, const at::TensorOptions& options,
+                const Fn& fn) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
+    BlockBuffers<T> buf(d, f, c, options);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = i / blocks, row = (i % blocks) * kBlock;
+      fn(g, row, std::min(kBlock, n - row), buf);
+    }
+  });
+}
 
 int64_t features_of(const at::Tensor& x) { return x.size(-1) * (x.size(-1) + 1) / 2; }
 
@@ -217,20 +232,14 @@ at::Tensor apply(const at::Tensor& x, const at::Tensor& s) {
   const int64_t groups = x.size(0), n = x.size(1), d = x.size(2), c = s.size(1), f = features_of(x);
   auto out = at::empty({groups, n, c}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "polynomial_apply", [&] {
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
-      BlockBuffers<scalar_t> buf(d, f, c, x.options());
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t g = i / blocks, row = (i % blocks) * kBlock, rows = std::min(kBlock, n - row);
-        transpose_into(x.data_ptr<scalar_t>() + (g * n + row) * d, rows, d, buf.xt);
-        lift_columns(buf.xt, buf.phit, rows, d);
-        product<scalar_t>(false, false, c, rows, f, 1, s.data_ptr<scalar_t>() + g * c * f, f, buf.phit, rows, 0,
-                          buf.out, rows);
-        scalar_t* target = out.data_ptr<scalar_t>() + (g * n + row) * c;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < c; ++j) target[r * c + j] = buf.out[j * rows + r];
-      }
-    });
+    each_block<scalar_t>(groups, n, d, f, c, x.options(),
+                         [&](int64_t g, int64_t row, int64_t rows, BlockBuffers<scalar_t>& buf) {
+                           transpose_into(x.data_ptr<scalar_t>() + (g * n + row) * d, rows, d, buf.xt);
+                           lift_columns(buf.xt, buf.phit, rows, d);
+                           product<scalar_t>(false, false, c, rows, f, 1, s.data_ptr<scalar_t>() + g * c * f, f,
+                                             buf.phit, rows, 0, buf.out, rows);
+                           transpose_into(buf.out, c, rows, out.data_ptr<scalar_t>() + (g * n + row) * c);
+                         });
   });
   return out;
 }
@@ -244,20 +253,15 @@ at::Tensor backward_through(const at::Tensor& x, const at::Tensor& a, const at::
   const int64_t groups = x.size(0), n = x.size(1), d = x.size(2), c = a.size(2), f = features_of(x);
   auto dx = at::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "polynomial_backward_through", [&] {
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
-      BlockBuffers<scalar_t> buf(d, f, c, x.options());
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t g = i / blocks, row = (i % blocks) * kBlock, rows = std::min(kBlock, n - row);
-        const scalar_t* ag = a.data_ptr<scalar_t>() + (g * n + row) * c;
-        product<scalar_t>(true, true, f, rows, c, 1, s.data_ptr<scalar_t>() + g * c * f, f, ag, c, 0, buf.phit, rows);
-        transpose_into(x.data_ptr<scalar_t>() + (g * n + row) * d, rows, d, buf.xt);
-        fold_columns(buf.xt, buf.phit, buf.out, rows, d);
-        scalar_t* target = dx.data_ptr<scalar_t>() + (g * n + row) * d;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < d; ++j) target[r * d + j] = buf.out[j * rows + r];
-      }
-    });
+    each_block<scalar_t>(groups, n, d, f, c, x.options(),
+                         [&](int64_t g, int64_t row, int64_t rows, BlockBuffers<scalar_t>& buf) {
+                           const scalar_t* ag = a.data_ptr<scalar_t>() + (g * n + row) * c;
+                           product<scalar_t>(true, true, f, rows, c, 1, s.data_ptr<scalar_t>() + g * c * f, f, ag, c,
+                                             0, buf.phit, rows);
+                           transpose_into(x.data_ptr<scalar_t>() + (g * n + row) * d, rows, d, buf.xt);
+                           fold_columns(buf.xt, buf.phit, buf.out, rows, d);
+                           transpose_into(buf.out, d, rows, dx.data_ptr<scalar_t>() + (g * n + row) * d);
+                         });
   });
   return dx;
 }
