@@ -263,6 +263,27 @@ def test_the_blocked_core_lifts_and_folds_as_the_rows_do(dtype: torch.dtype) -> 
     assert torch.equal(kernel.backward_through(x, grads, identity).reshape(-1, 16), kernel.backward(rows_grads, rows_x))
 
 
+def test_the_blocked_polynomial_core_does_not_depend_on_the_thread_count() -> None:
+    """The core's block products go to the BLAS from inside its own parallel loop, or from the calling thread where
+    that loop runs inline; MKL threads a product itself there unless told not to (blas.h), and summed in another order:
+    the summary, its application and the backward on 1 and 2 torch threads give the same bits (one group: the loop
+    inline; six: split over the threads)."""
+    from models.kernels import polynomial_features
+
+    kernel = polynomial_features.built()
+    gen = torch.Generator().manual_seed(12)
+    for groups in (1, 6):
+        x, y = (torch.randn(groups, 150, 8, generator=gen) for _ in range(2))
+        w = torch.randn(groups, 150, 9, generator=gen)
+
+        def core(x: torch.Tensor = x, y: torch.Tensor = y, w: torch.Tensor = w) -> list[torch.Tensor]:
+            summary = kernel.summary(y, w)
+            return [summary, kernel.apply(x, summary), kernel.backward_through(x, w, summary)]
+
+        one, two = on_one_and_two_threads(core)
+        assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+
+
 def conv_skip(n: int, d: int, dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Nyström attention (3 heads, the protocol's 35 taps), values `[2, 3, n, d]` and a key mask whose second sequence
     ends in pads."""

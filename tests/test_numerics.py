@@ -134,24 +134,3 @@ def test_the_row_major_products_are_autograds_with_both_gradients_row_major(form
     assert not all(w.is_contiguous() for w in want), "autograd sends one of them transposed"
     wide = [t.detach().double().requires_grad_() for t in (a, b)]
     assert torch.autograd.gradcheck(ours, tuple(wide))
-
-
-def test_performers_feature_mix_is_autograds_chain_with_no_thin_output() -> None:
-    """`FeatureMix` (Performer's φ(Q) (φ(K)ᵀ [V | 1]) on the compiled path, each product formed with M or N output
-    columns): values and all three gradients autograd's chain's at fp32 rounding (fp64: gradcheck), the output and the
-    gradients row-major."""
-    from models.attention.performer import FeatureMix
-
-    gen = torch.Generator().manual_seed(9)
-    phi_q, phi_k = (torch.rand(2, 3, 40, 24, generator=gen).requires_grad_() for _ in range(2))
-    values = torch.randn(2, 3, 40, 9, generator=gen, requires_grad=True)
-    ours, theirs = FeatureMix.apply(phi_q, phi_k, values), phi_q @ (phi_k.transpose(-1, -2) @ values)
-    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-5)
-    upstream = torch.randn(ours.shape, generator=gen)
-    got = torch.autograd.grad(ours, (phi_q, phi_k, values), upstream)
-    want = torch.autograd.grad(theirs, (phi_q, phi_k, values), upstream)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-5)
-    assert ours.is_contiguous() and all(g.is_contiguous() for g in got), "row-major"
-    wide = tuple(t.detach()[:1, :1, :12, :5].double().requires_grad_() for t in (phi_q, phi_k, values))
-    assert torch.autograd.gradcheck(FeatureMix.apply, wide)

@@ -1,6 +1,7 @@
 """Performer's compiled features (`models/kernels/shifted_exp.cpp`) against the eager `ShiftedExp` they replace where
-the encoder's chain is compiled: values and both gradients, dropped (pad) rows, a floor per row, any thread count, the
-whole attention on both paths, and the encoder choosing the kernel exactly where `model.kernels` compiles the chain."""
+the encoder's chain is compiled (the attention's implied matrix, for the diagnostics: its forward runs the blocked
+core, `test_performer_core_kernel.py`): values and both gradients, dropped (pad) rows, a floor per row, any thread
+count, and the implied matrix on both paths."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from models.attention.performer import ShiftedExp
 from models.kernels import load, shifted_exp
-from tests.kernel_paths import compiled_in_encoder, on_both_paths, on_one_and_two_threads
+from tests.kernel_paths import graph_has, on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(load("shifted_exp") is None, reason="the compiled kernel cannot be built here")
 
@@ -63,26 +64,22 @@ def test_the_features_pass_gradcheck_and_ignore_the_thread_count() -> None:
 
 
 @pytest.mark.parametrize("reference", [False, True])
-def test_performer_computes_the_same_attention_on_both_paths(reference: bool) -> None:
-    """The whole attention (ours, and the Nyströmformer reference's settings: ε in the features, logit-0 pad keys, one
-    projection shared by the heads, logits over d) with its features compiled and eager, at fp32 rounding."""
+def test_performers_implied_matrix_is_the_same_on_both_paths(reference: bool) -> None:
+    """The operator the attention applies (the diagnostics' `implied_matrix`: ours, and the Nyströmformer reference's
+    settings: ε in the features, logit-0 pad keys, one projection shared by the heads, logits over d) with its
+    features compiled and eager, at fp32 rounding, the kernel's node exactly on the compiled path."""
     from lra_bench.registry import build_attention
 
     knobs = dict(feature_eps=1e-4, pad_keys="zero_logit", shared_heads=True, logit_scale="d") if reference else {}
     attention = build_attention("performer", head_dim=8, num_heads=2, seq_len=50, num_features=16, **knobs).eval()
-    compiled, eager_path = on_both_paths(attention, 50, "CompiledShiftedExp")
-    for got, want in zip(compiled, eager_path, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(want.detach().abs().max())))
-
-
-def test_the_encoder_computes_performer_features_compiled_exactly_where_its_chain_is() -> None:
-    """`model.kernels` says how the whole network computes: the compiled chain (auto, fused) takes the compiled
-    features and `FeatureMix` with it, the eager chain keeps `ShiftedExp` and autograd's products."""
-    from lra_bench.registry import build_attention
-
-    def performer(layer: int, n: int) -> Any:
-        return build_attention("performer", head_dim=8, num_heads=2, seq_len=n, num_features=8)
-
-    for node in ("CompiledShiftedExp", "FeatureMix"):  # the features, and their mix without thin products
-        assert compiled_in_encoder("fused", performer, node) and compiled_in_encoder("auto", performer, node)
-        assert not compiled_in_encoder("eager", performer, node)
+    gen = torch.Generator().manual_seed(41)
+    q, k = (torch.randn(2, 2, 50, 8, generator=gen, requires_grad=True) for _ in range(2))
+    keys = torch.ones(2, 50, dtype=torch.bool)
+    keys[1, 30:] = False
+    results = []
+    for compiled in (True, False):
+        attention.compiled = compiled
+        matrix = attention.implied_matrix(q, k, keys)
+        assert graph_has(matrix, "CompiledShiftedExp") is compiled
+        results.append(matrix)
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)

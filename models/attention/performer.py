@@ -22,7 +22,7 @@ import torch
 from models.attention.base import Attention
 from models.attention.numerics import fp32_core, transposed_product
 from models.cost import Flops, Params
-from models.kernels import fused_encoder, shifted_exp
+from models.kernels import fused_encoder, performer_core, shifted_exp
 from models.knobs import follows_run_seed, knobs
 
 LOGIT_SCALES = ("sqrt_d", "d")
@@ -69,34 +69,6 @@ class ShiftedExp(torch.autograd.Function):
         return grad_proj, -grad_proj.sum(-1, keepdim=True), None
 
 
-class FeatureMix(torch.autograd.Function):
-    """`φ(Q) (φ(K)ᵀ [V | 1])` for `φ(Q) [..., N, M]`, `φ(K) [..., N', M]`, `[V | 1] [..., N', E]`, with every product
-    of the forward and the backward formed so that its output has M or N columns, never E.
-
-    Why: E = d + 1 = 33 output columns cost the BLAS a full column tile and a one-column sliver — the [N, 33] and
-    [M, 33] products of this mix ran at ~44 ms against ~34–36 ms for their transposes ([33, N], [33, M]) at the
-    ListOps shape (B·H = 64, N = 2048, M = 256, one Zen 5 thread) — and four of its six products had such an output.
-    Here the summary is kept transposed, Sᵀ = [V | 1]ᵀ φ(K) [E, M], the mix is formed as (Sᵀ φ(Q)ᵀ)ᵀ and `[V | 1]`'s
-    gradient as (dSᵀ φ(K)ᵀ)ᵀ, each copied row-major once (17 MB): the same dot products as autograd's chain, summed
-    by the BLAS in another order (fp32 rounding); φ(K)'s gradient is row-major, as `transposed_product` makes it. It
-    runs with the encoder's compiled chain (`model.kernels`), so the eager path computes as before."""
-
-    @staticmethod
-    def forward(ctx: Any, phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        summary_t = values.transpose(-1, -2) @ phi_k  # Sᵀ [E, M]
-        ctx.save_for_backward(phi_q, phi_k, values, summary_t)
-        return (summary_t @ phi_q.transpose(-1, -2)).transpose(-1, -2).contiguous()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):
-        phi_q, phi_k, values, summary_t = ctx.saved_tensors
-        grad_summary_t = grad.transpose(-1, -2) @ phi_q  # dSᵀ [E, M]
-        grad_phi_q = grad @ summary_t
-        grad_phi_k = values @ grad_summary_t
-        grad_values = (grad_summary_t @ phi_k.transpose(-1, -2)).transpose(-1, -2).contiguous()
-        return grad_phi_q, grad_phi_k, grad_values
-
-
 def gaussian_features(
     generator: torch.Generator, heads: int, features: int, dim: int, orthogonal: bool
 ) -> torch.Tensor:
@@ -141,6 +113,10 @@ class PerformerAttention(Attention):
 
     Orthogonal blocks come from an unsigned QR (as performer_pytorch's default `qr_uniform_q=False`), which is
     not Haar-distributed: in both modes the estimate keeps a small bias however large M is (i.i.d. rows do not).
+
+    Where the encoder's chain is compiled (`compiled`, `model.kernels`), `forward` runs the whole core through
+    `models.kernels.performer_core` (64 rows of projections and features at a time in cache; no `[B, H, N, M]`
+    tensor) and the eager chain otherwise: the same values at fp32 rounding.
     """
 
     config = PerformerConfig
@@ -200,15 +176,20 @@ class PerformerAttention(Attention):
             return None
         return mask[:, None, :, None].float()
 
-    def _factors(self, q, k, mask):
-        w = self.projection.float()
-        w = w if self.shared_heads else w.unsqueeze(0)  # [M, D] (broadcast over batch and heads) or [1, H, M, D]
+    def _scaled(self, q, k, mask):
+        """q and k in fp32 scaled so that x·y is the estimated logit, pad keys zeroed with `pad_keys="zero_logit"`."""
         scale = q.shape[-1] ** (-0.5 if self.logit_scale == "d" else -0.25)
         qf, kf = q.float() * scale, k.float() * scale
         keep = self._zero_logit_pads(mask)
         if keep is not None:
             kf = kf * keep  # pad keys become zero vectors: logit 0, φ(0) ≠ 0
-        masked = mask is not None and keep is None
+        return qf, kf
+
+    def _factors(self, q, k, mask):
+        w = self.projection.float()
+        w = w if self.shared_heads else w.unsqueeze(0)  # [M, D] (broadcast over batch and heads) or [1, H, M, D]
+        qf, kf = self._scaled(q, k, mask)
+        masked = mask is not None and self.pad_keys == "masked"
         proj_q, proj_k = qf @ w.transpose(-1, -2), kf @ w.transpose(-1, -2)  # [B, H, N, M]
         half_q, half_k = (qf * qf).sum(-1, keepdim=True) / 2, (kf * kf).sum(-1, keepdim=True) / 2  # ‖x‖²/2
         with torch.no_grad():  # the shifts are constants (detached): from row maxima of x·Wᵀ, one read pass each
@@ -227,7 +208,8 @@ class PerformerAttention(Attention):
 
     def _features(self, proj: torch.Tensor, offset: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
         """`exp(proj − offset) + floor` with its gradients: through the compiled kernel `models.kernels.shifted_exp`
-        (one pass over the features each way) where the encoder's chain is compiled (`compiled`), else `ShiftedExp`."""
+        (one pass over the features each way) where the encoder's chain is compiled (`compiled`: `implied_matrix`'s;
+        `forward` there runs the blocked core), else `ShiftedExp`."""
         if self.compiled and fused_encoder.applies(proj) and shifted_exp.applies(proj):
             return shifted_exp.shifted_exp(proj, offset, floor)
         features: torch.Tensor = ShiftedExp.apply(proj, offset, floor)
@@ -236,16 +218,20 @@ class PerformerAttention(Attention):
     def forward(self, q, k, v, mask):
         self._maybe_redraw()
         with fp32_core(q.device):
-            phi_q, phi_k = self._factors(q, k, mask)
             vf = v.float()
             keep = self._zero_logit_pads(mask)
             if keep is not None:
                 vf = vf * keep
             ones = torch.ones_like(v[..., :1], dtype=torch.float32)
             values = torch.cat([vf, ones], dim=-1)
-            if self.compiled and fused_encoder.applies(phi_q):  # with the encoder's compiled chain: see FeatureMix
-                both = FeatureMix.apply(phi_q, phi_k, values)
+            if self.compiled and fused_encoder.applies(vf) and performer_core.applies(vf):
+                # with the encoder's compiled chain: the core blocked in cache, no [B, H, N, M] tensor made
+                valid = mask if mask is not None and self.pad_keys == "masked" else None
+                both = performer_core.blocked_favor(
+                    *self._scaled(q, k, mask), values, self.projection.float(), valid, self.feature_eps
+                )
             else:
+                phi_q, phi_k = self._factors(q, k, mask)
                 # φ(K)ᵀ[V | 1] with φ(K)'s gradient row-major, the layout of its exponential: as autograd sends it
                 # (transposed), the features' backward multiplied the two element by element across layouts, the
                 # slowest pass of the step, then copied it row-major for the projection's

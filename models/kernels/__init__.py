@@ -46,8 +46,9 @@ SOURCES = Path(__file__).parent
 #: dropout factor on AVX2 — which also lets it contract a multiply and an add around the select into one FMA
 #: (fp32 rounding), so it is given only to the kernels written for it: the others keep the values they had. The
 #: RPCholesky and pivoted-QR pivots, the row log-sum-exp, the flash kernel's softmax, local attention, Performer's
-#: features, Skyformer's kernel and the spectral mixer's tanh need it to vectorise their selects (the log-weights of
-#: drawable tokens, the clamped downdates, exp's floor, the masked scores, the clamp, tanh's two branches).
+#: features and blocked core, Skyformer's kernel and the spectral mixer's tanh need it to vectorise their selects
+#: (the log-weights of drawable tokens, the clamped downdates, exp's floor, the masked scores, the clamp, tanh's two
+#: branches).
 #: `-ffp-contract=off` keeps polynomial attention's feature loops, vectorised along a block's rows, in the operations
 #: of its scalar rows (a product, then a sum: no FMA), so the features and their gradients are those rows' bit for bit
 FLAGS: dict[str, tuple[str, ...]] = {
@@ -57,6 +58,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "pivoted_qr": ("-fno-trapping-math",),
     "local_attention": ("-fno-trapping-math",),
     "shifted_exp": ("-fno-trapping-math",),
+    "performer_core": ("-fno-trapping-math",),
     "clamped_exp": ("-fno-trapping-math",),
     "flash_attention": ("-fno-trapping-math",),
     "tanh_affinity": ("-fno-trapping-math",),

@@ -40,20 +40,32 @@ inline float exp_nonpositive(float x) {
 inline float exp_t(float x) { return x < -87.3365f ? 0.0f : exp_nonpositive(x); }
 inline double exp_t(double x) { return std::exp(x); }
 
-// max of x[0..w) (-inf for w = 0), in 16 running lanes so that the loop vectorises (the maximum is the same in any
-// order)
+// max of x[0..w) (-inf for w = 0): element i in lane i % 16 of 16 running maxima, the tail in lane 0, then the lanes
+// in order. The lanes are held in 16-byte GCC vectors (a vector's compare-and-select is a max instruction, and four
+// independent ones a step): written as an array of 16, GCC kept this loop scalar, ~0.15 ns an element on a Zen 5
+// core against ~0.05 (a softmax row of 2,048 spent a third of its time here). 16 bytes because every x86-64 target
+// has them: wider vectors ran ~0.035 in an AVX-512 clone but ~1.2 ns in baseline code, which lowers them element by
+// element. The maximum is the same in any order.
 template <typename T>
 inline __attribute__((always_inline)) T maximum(const T* x, int64_t w) {
-  constexpr int64_t kLanes = 16;
-  T lanes[kLanes];
-  for (int64_t l = 0; l < kLanes; ++l) lanes[l] = -std::numeric_limits<T>::infinity();
+  constexpr int64_t kLanes = 16, kWidth = 16 / sizeof(T), kParts = kLanes / kWidth;
+  typedef T Vector __attribute__((vector_size(kWidth * sizeof(T))));
+  Vector top[kParts];
+  for (int64_t p = 0; p < kParts; ++p)
+    for (int64_t l = 0; l < kWidth; ++l) top[p][l] = -std::numeric_limits<T>::infinity();
   int64_t i = 0;
   for (; i + kLanes <= w; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+    for (int64_t p = 0; p < kParts; ++p) {
+      Vector next;
+      std::memcpy(&next, x + i + p * kWidth, sizeof next);
+      top[p] = next > top[p] ? next : top[p];
+    }
+  T lanes[kLanes];
+  std::memcpy(lanes, top, sizeof lanes);
   for (; i < w; ++i) lanes[0] = x[i] > lanes[0] ? x[i] : lanes[0];
-  T top = lanes[0];
-  for (int64_t l = 1; l < kLanes; ++l) top = lanes[l] > top ? lanes[l] : top;
-  return top;
+  T result = lanes[0];
+  for (int64_t l = 1; l < kLanes; ++l) result = lanes[l] > result ? lanes[l] : result;
+  return result;
 }
 
 // sum of x[0..n), element i in lane i % 16 of 16 running sums (so that the loop vectorises, and a sum over a prefix
