@@ -91,6 +91,21 @@ void transpose_into(const T* x, int64_t rows, int64_t cols, T* xt) {
     for (int64_t r = 0; r < rows; ++r) xt[a * rows + r] = x[r * cols + a];
 }
 
+// fn(g, b) for every group, in parallel, with this thread's block buffers b
+template <typename T, typename Fn>
+void each_group(const Shape& s, const at::TensorOptions& options, const Fn& fn) {
+  at::parallel_for(0, s.groups, 1, [&](int64_t begin, int64_t end) {
+    Block<T> b(s, options);
+    for (int64_t g = begin; g < end; ++g) fn(g, b);
+  });
+}
+
+// fn(row, rows) for a group's blocks [row, row + rows) of up to kBlock rows, in order
+template <typename Fn>
+void each_block(const Shape& s, const Fn& fn) {
+  for (int64_t row = 0; row < s.n; row += kBlock) fn(row, std::min(kBlock, s.n - row));
+}
+
 // the row's |x|^2 / 2 and its statistic (max_m proj, less |x|^2 / 2 without eps)
 template <typename T>
 inline void row_stat(const T* x, const T* proj, const Shape& s, bool eps, T& half, T& stat) {
@@ -175,50 +190,45 @@ std::vector<at::Tensor> summary(const at::Tensor& keys, const at::Tensor& w, con
     using T = scalar_t;
     const T* ok = valid_of<T>(valid);
     const T floor = static_cast<T>(eps);
-    at::parallel_for(0, s.groups, 1, [&](int64_t begin, int64_t end) {
-      Block<T> b(s, keys.options());
-      std::vector<T> kept(s.e);  // eps * [V | 1] summed over the valid keys: the unscaled part of S^T
-      for (int64_t g = begin; g < end; ++g) {
-        T* st = summary_t.data_ptr<T>() + g * s.e * s.m;
-        std::fill(st, st + s.e * s.m, T(0));
-        std::fill(kept.begin(), kept.end(), T(0));
-        T running = -std::numeric_limits<T>::infinity();
-        const T* w_g = s.w_of<T>(g);
-        for (int64_t row = 0; row < s.n; row += kBlock) {
-          const int64_t rows = std::min(kBlock, s.n - row);
-          const T* x = keys.data_ptr<T>() + (g * s.n + row) * s.d;
-          const T* v = values.data_ptr<T>() + (g * s.n + row) * s.e;
-          const T* keep = ok ? ok + (g / s.heads) * s.n + row : nullptr;
-          project(x, rows, s, w_g, b);
-          T top = -std::numeric_limits<T>::infinity();
-          for (int64_t r = 0; r < rows; ++r) {
-            if (keep && keep[r] == T(0)) continue;
-            T stat;
-            row_stat(x + r * s.d, b.expo + r * s.m, s, eps > 0, b.offset[r], stat);  // offset: half for now
-            top = std::max(top, stat);
-          }
-          if (top > running) {  // a larger shift: what S^T holds so far, times exp(old - new)
-            if (running != -std::numeric_limits<T>::infinity()) {
-              const T rescale = lra::exp_t(running - top);
-              for (int64_t i = 0; i < s.e * s.m; ++i) st[i] *= rescale;
-            }
-            running = top;
-          }
-          for (int64_t r = 0; r < rows; ++r) {  // the exponentials in place (the eps part is kept apart)
-            T* e = b.expo + r * s.m;
-            if (keep && keep[r] == T(0)) {
-              std::fill(e, e + s.m, T(0));
-              continue;
-            }
-            features_row(e, b.offset[r] + running, T(0), e, s.m);
-            for (int64_t c = 0; c < s.e; ++c) kept[c] += floor * v[r * s.e + c];
-          }
-          product<T>(true, false, s.e, s.m, rows, 1, v, s.e, b.expo, s.m, 1, st, s.m);  // S^T += V^T e
+    each_group<T>(s, keys.options(), [&](int64_t g, Block<T>& b) {
+      T* st = summary_t.data_ptr<T>() + g * s.e * s.m;
+      std::fill(st, st + s.e * s.m, T(0));
+      std::vector<T> kept(s.e, T(0));  // eps * [V | 1] summed over the valid keys: the unscaled part of S^T
+      T running = -std::numeric_limits<T>::infinity();
+      const T* w_g = s.w_of<T>(g);
+      each_block(s, [&](int64_t row, int64_t rows) {
+        const T* x = keys.data_ptr<T>() + (g * s.n + row) * s.d;
+        const T* v = values.data_ptr<T>() + (g * s.n + row) * s.e;
+        const T* keep = ok ? ok + (g / s.heads) * s.n + row : nullptr;
+        project(x, rows, s, w_g, b);
+        T top = -std::numeric_limits<T>::infinity();
+        for (int64_t r = 0; r < rows; ++r) {
+          if (keep && keep[r] == T(0)) continue;
+          T stat;
+          row_stat(x + r * s.d, b.expo + r * s.m, s, eps > 0, b.offset[r], stat);  // offset: half for now
+          top = std::max(top, stat);
         }
-        for (int64_t c = 0; c < s.e; ++c)
-          for (int64_t j = 0; j < s.m; ++j) st[c * s.m + j] += kept[c];
-        shift.data_ptr<T>()[g] = running == -std::numeric_limits<T>::infinity() ? T(0) : running;
-      }
+        if (top > running) {  // a larger shift: what S^T holds so far, times exp(old - new)
+          if (running != -std::numeric_limits<T>::infinity()) {
+            const T rescale = lra::exp_t(running - top);
+            for (int64_t i = 0; i < s.e * s.m; ++i) st[i] *= rescale;
+          }
+          running = top;
+        }
+        for (int64_t r = 0; r < rows; ++r) {  // the exponentials in place (the eps part is kept apart)
+          T* e = b.expo + r * s.m;
+          if (keep && keep[r] == T(0)) {
+            std::fill(e, e + s.m, T(0));
+            continue;
+          }
+          features_row(e, b.offset[r] + running, T(0), e, s.m);
+          for (int64_t c = 0; c < s.e; ++c) kept[c] += floor * v[r * s.e + c];
+        }
+        product<T>(true, false, s.e, s.m, rows, 1, v, s.e, b.expo, s.m, 1, st, s.m);  // S^T += V^T e
+      });
+      for (int64_t c = 0; c < s.e; ++c)
+        for (int64_t j = 0; j < s.m; ++j) st[c * s.m + j] += kept[c];
+      shift.data_ptr<T>()[g] = running == -std::numeric_limits<T>::infinity() ? T(0) : running;
     });
   });
   return {summary_t, shift};
@@ -237,26 +247,22 @@ std::vector<at::Tensor> apply(const at::Tensor& queries, const at::Tensor& w, co
   AT_DISPATCH_FLOATING_TYPES(queries.scalar_type(), "performer_apply", [&] {
     using T = scalar_t;
     const T floor = static_cast<T>(eps);
-    at::parallel_for(0, s.groups, 1, [&](int64_t begin, int64_t end) {
-      Block<T> b(s, queries.options());
-      for (int64_t g = begin; g < end; ++g) {
-        const T* w_g = s.w_of<T>(g);
-        const T* st = summary_t.data_ptr<T>() + g * s.e * s.m;
-        for (int64_t row = 0; row < s.n; row += kBlock) {
-          const int64_t rows = std::min(kBlock, s.n - row);
-          const T* x = queries.data_ptr<T>() + (g * s.n + row) * s.d;
-          T* off = offsets.data_ptr<T>() + g * s.n + row;
-          project(x, rows, s, w_g, b);
-          for (int64_t r = 0; r < rows; ++r) {
-            T half, stat;
-            row_stat(x + r * s.d, b.expo + r * s.m, s, eps > 0, half, stat);
-            off[r] = half + stat;
-            features_row(b.expo + r * s.m, off[r], floor, b.phi + r * s.m, s.m);
-          }
-          product<T>(false, true, s.e, rows, s.m, 1, st, s.m, b.phi, s.m, 0, b.out, rows);
-          transpose_into(b.out, s.e, rows, both.data_ptr<T>() + (g * s.n + row) * s.e);
+    each_group<T>(s, queries.options(), [&](int64_t g, Block<T>& b) {
+      const T* w_g = s.w_of<T>(g);
+      const T* st = summary_t.data_ptr<T>() + g * s.e * s.m;
+      each_block(s, [&](int64_t row, int64_t rows) {
+        const T* x = queries.data_ptr<T>() + (g * s.n + row) * s.d;
+        T* off = offsets.data_ptr<T>() + g * s.n + row;
+        project(x, rows, s, w_g, b);
+        for (int64_t r = 0; r < rows; ++r) {
+          T half, stat;
+          row_stat(x + r * s.d, b.expo + r * s.m, s, eps > 0, half, stat);
+          off[r] = half + stat;
+          features_row(b.expo + r * s.m, off[r], floor, b.phi + r * s.m, s.m);
         }
-      }
+        product<T>(false, true, s.e, rows, s.m, 1, st, s.m, b.phi, s.m, 0, b.out, rows);
+        transpose_into(b.out, s.e, rows, both.data_ptr<T>() + (g * s.n + row) * s.e);
+      });
     });
   });
   return {both, offsets};
@@ -277,27 +283,21 @@ std::vector<at::Tensor> backward_queries(const at::Tensor& queries, const at::Te
   AT_DISPATCH_FLOATING_TYPES(queries.scalar_type(), "performer_backward_queries", [&] {
     using T = scalar_t;
     const T floor = static_cast<T>(eps);
-    at::parallel_for(0, s.groups, 1, [&](int64_t begin, int64_t end) {
-      Block<T> b(s, queries.options());
-      for (int64_t g = begin; g < end; ++g) {
-        const T* w_g = s.w_of<T>(g);
-        const T* st = summary_t.data_ptr<T>() + g * s.e * s.m;
-        T* dst = grad_summary_t.data_ptr<T>() + g * s.e * s.m;
-        for (int64_t row = 0; row < s.n; row += kBlock) {
-          const int64_t rows = std::min(kBlock, s.n - row);
-          const T* x = queries.data_ptr<T>() + (g * s.n + row) * s.d;
-          const T* go = grad_both.data_ptr<T>() + (g * s.n + row) * s.e;
-          const T* off = offsets.data_ptr<T>() + g * s.n + row;
-          project(x, rows, s, w_g, b);
-          for (int64_t r = 0; r < rows; ++r)
-            features_row(b.expo + r * s.m, off[r], floor, b.phi + r * s.m, s.m);
-          product<T>(true, false, s.e, s.m, rows, 1, go, s.e, b.phi, s.m, 1, dst, s.m);  // dS^T += G^T phi
-          product<T>(false, false, rows, s.m, s.e, 1, go, s.e, st, s.m, 0, b.grad, s.m);  // dphi = G S^T
-          for (int64_t r = 0; r < rows; ++r)
-            b.grad_offset[r] = through_exp(b.grad + r * s.m, b.expo + r * s.m, s.m);
-          fold(x, rows, s, w_g, b, dq.data_ptr<T>() + (g * s.n + row) * s.d);
-        }
-      }
+    each_group<T>(s, queries.options(), [&](int64_t g, Block<T>& b) {
+      const T* w_g = s.w_of<T>(g);
+      const T* st = summary_t.data_ptr<T>() + g * s.e * s.m;
+      T* dst = grad_summary_t.data_ptr<T>() + g * s.e * s.m;
+      each_block(s, [&](int64_t row, int64_t rows) {
+        const T* x = queries.data_ptr<T>() + (g * s.n + row) * s.d;
+        const T* go = grad_both.data_ptr<T>() + (g * s.n + row) * s.e;
+        const T* off = offsets.data_ptr<T>() + g * s.n + row;
+        project(x, rows, s, w_g, b);
+        for (int64_t r = 0; r < rows; ++r) features_row(b.expo + r * s.m, off[r], floor, b.phi + r * s.m, s.m);
+        product<T>(true, false, s.e, s.m, rows, 1, go, s.e, b.phi, s.m, 1, dst, s.m);   // dS^T += G^T phi
+        product<T>(false, false, rows, s.m, s.e, 1, go, s.e, st, s.m, 0, b.grad, s.m);  // dphi = G S^T
+        for (int64_t r = 0; r < rows; ++r) b.grad_offset[r] = through_exp(b.grad + r * s.m, b.expo + r * s.m, s.m);
+        fold(x, rows, s, w_g, b, dq.data_ptr<T>() + (g * s.n + row) * s.d);
+      });
     });
   });
   return {dq, grad_summary_t};
@@ -318,36 +318,31 @@ std::vector<at::Tensor> backward_keys(const at::Tensor& keys, const at::Tensor& 
     using T = scalar_t;
     const T* ok = valid_of<T>(valid);
     const T floor = static_cast<T>(eps);
-    at::parallel_for(0, s.groups, 1, [&](int64_t begin, int64_t end) {
-      Block<T> b(s, keys.options());
-      for (int64_t g = begin; g < end; ++g) {
-        const T* w_g = s.w_of<T>(g);
-        const T* dst = grad_summary_t.data_ptr<T>() + g * s.e * s.m;
-        for (int64_t row = 0; row < s.n; row += kBlock) {
-          const int64_t rows = std::min(kBlock, s.n - row);
-          const T* x = keys.data_ptr<T>() + (g * s.n + row) * s.d;
-          const T* v = values.data_ptr<T>() + (g * s.n + row) * s.e;
-          const T* keep = ok ? ok + (g / s.heads) * s.n + row : nullptr;
-          project(x, rows, s, w_g, b);
-          for (int64_t r = 0; r < rows; ++r) {
-            T* e = b.expo + r * s.m;
-            if (keep && keep[r] == T(0)) {  // a dropped key: features 0, no gradient
-              std::fill(e, e + s.m, T(0));
-              std::fill(b.phi + r * s.m, b.phi + (r + 1) * s.m, T(0));
-              continue;
-            }
-            const T half = lra::dot(x + r * s.d, x + r * s.d, s.d) / T(2);
-            features_row(e, half + shift.data_ptr<T>()[g], floor, b.phi + r * s.m, s.m);
+    each_group<T>(s, keys.options(), [&](int64_t g, Block<T>& b) {
+      const T* w_g = s.w_of<T>(g);
+      const T* dst = grad_summary_t.data_ptr<T>() + g * s.e * s.m;
+      each_block(s, [&](int64_t row, int64_t rows) {
+        const T* x = keys.data_ptr<T>() + (g * s.n + row) * s.d;
+        const T* v = values.data_ptr<T>() + (g * s.n + row) * s.e;
+        const T* keep = ok ? ok + (g / s.heads) * s.n + row : nullptr;
+        project(x, rows, s, w_g, b);
+        for (int64_t r = 0; r < rows; ++r) {
+          T* e = b.expo + r * s.m;
+          if (keep && keep[r] == T(0)) {  // a dropped key: features 0, no gradient
+            std::fill(e, e + s.m, T(0));
+            std::fill(b.phi + r * s.m, b.phi + (r + 1) * s.m, T(0));
+            continue;
           }
-          // dvalues_blk^T = dS^T phi_blk^T [E, rows], copied into place; dphi = [V | 1]_blk dS^T
-          product<T>(false, true, s.e, rows, s.m, 1, dst, s.m, b.phi, s.m, 0, b.out, rows);
-          transpose_into(b.out, s.e, rows, dvalues.data_ptr<T>() + (g * s.n + row) * s.e);
-          product<T>(false, false, rows, s.m, s.e, 1, v, s.e, dst, s.m, 0, b.grad, s.m);
-          for (int64_t r = 0; r < rows; ++r)
-            b.grad_offset[r] = through_exp(b.grad + r * s.m, b.expo + r * s.m, s.m);
-          fold(x, rows, s, w_g, b, dk.data_ptr<T>() + (g * s.n + row) * s.d);
+          const T half = lra::dot(x + r * s.d, x + r * s.d, s.d) / T(2);
+          features_row(e, half + shift.data_ptr<T>()[g], floor, b.phi + r * s.m, s.m);
         }
-      }
+        // dvalues_blk^T = dS^T phi_blk^T [E, rows], copied into place; dphi = [V | 1]_blk dS^T
+        product<T>(false, true, s.e, rows, s.m, 1, dst, s.m, b.phi, s.m, 0, b.out, rows);
+        transpose_into(b.out, s.e, rows, dvalues.data_ptr<T>() + (g * s.n + row) * s.e);
+        product<T>(false, false, rows, s.m, s.e, 1, v, s.e, dst, s.m, 0, b.grad, s.m);
+        for (int64_t r = 0; r < rows; ++r) b.grad_offset[r] = through_exp(b.grad + r * s.m, b.expo + r * s.m, s.m);
+        fold(x, rows, s, w_g, b, dk.data_ptr<T>() + (g * s.n + row) * s.d);
+      });
     });
   });
   return {dk, dvalues};
