@@ -147,3 +147,8 @@ def built(name: str) -> ModuleType:
     module = load(name)
     assert module is not None, f"models.kernels: the kernel {name!r} is not built on this machine"
     return module
+
+
+def groups(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """`[..., n, k]` tensors as the contiguous `[G, n, k]` the blocked cores read (G: the leading dims, B × H)."""
+    return [t.reshape(-1, *t.shape[-2:]).contiguous() for t in tensors]

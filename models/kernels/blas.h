@@ -61,4 +61,12 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T
   gemm(tb ? "T" : "N", ta ? "T" : "N", &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
 }
 
+// x [rows, cols] (row-major) -> xt [cols, rows]: a block into its columns for a product that takes it so, and a
+// transposed result back into rows (the loop writes its output contiguously)
+template <typename T>
+void transpose_into(const T* x, int64_t rows, int64_t cols, T* xt) {
+  for (int64_t a = 0; a < cols; ++a)
+    for (int64_t r = 0; r < rows; ++r) xt[a * rows + r] = x[r * cols + a];
+}
+
 }  // namespace lra

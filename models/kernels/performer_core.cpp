@@ -36,7 +36,7 @@
 #include <optional>
 #include <vector>
 
-#include "blas.h"          // product
+#include "blas.h"          // product, transpose_into
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
 #include "vec_math.h"  // exp_t, maximum, sum, dot
@@ -45,6 +45,7 @@ namespace {
 
 using lra::check;
 using lra::product;
+using lra::transpose_into;
 
 constexpr int64_t kBlock = 64;  // rows a block: 64 x 256 fp32 projections = 64 KiB a buffer, four of them in L2
 
@@ -83,13 +84,6 @@ struct Block {
         offset(out + kBlock * std::max(s.e, s.d)),
         grad_offset(offset + kBlock) {}
 };
-
-// x [rows, cols] (row-major) -> xt [cols, rows]
-template <typename T>
-void transpose_into(const T* x, int64_t rows, int64_t cols, T* xt) {
-  for (int64_t a = 0; a < cols; ++a)
-    for (int64_t r = 0; r < rows; ++r) xt[a * rows + r] = x[r * cols + a];
-}
 
 // fn(g, b) for every group, in parallel, with this thread's block buffers b
 template <typename T, typename Fn>

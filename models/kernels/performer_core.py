@@ -16,11 +16,6 @@ def applies(x: torch.Tensor) -> bool:
     return kernels.applies("performer_core", x)
 
 
-def _groups(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """`[B, H, N, k]` tensors as the kernel's contiguous `[B·H, N, k]`."""
-    return [t.reshape(-1, *t.shape[-2:]).contiguous() for t in tensors]
-
-
 class BlockedFavor(torch.autograd.Function):
     """`φ(Q) (φ(K)ᵀ [V | 1])`, `[B, H, N, E]`, from the scaled `qf, kf [B, H, N, D]`, `[V | 1] [B, H, N, E]` and the
     projection `w` (`[H, M, D]`, or one `[M, D]` shared by the heads; a constant: no gradient), with `valid [B, N]`
@@ -39,7 +34,7 @@ class BlockedFavor(torch.autograd.Function):
         eps: float,
     ) -> torch.Tensor:
         heads = qf.shape[1]
-        queries, keys, vals = _groups(qf, kf, values)
+        queries, keys, vals = kernels.groups(qf, kf, values)
         proj = (w if w.dim() == 3 else w.unsqueeze(0)).to(qf.dtype).contiguous()
         valid = None if valid is None else valid.to(qf.dtype).contiguous()
         core = kernels.built("performer_core")
@@ -53,7 +48,7 @@ class BlockedFavor(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor):
         queries, keys, vals, proj, summary_t, shift, offsets, *valid = ctx.saved_tensors
         core = kernels.built("performer_core")
-        (grad_both,) = _groups(grad)
+        (grad_both,) = kernels.groups(grad)
         grad_q, grad_summary_t = core.backward_queries(queries, proj, offsets, grad_both, summary_t, ctx.heads, ctx.eps)
         grad_k, grad_values = core.backward_keys(
             keys, proj, vals, valid[0] if valid else None, shift, grad_summary_t, ctx.heads, ctx.eps

@@ -26,7 +26,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "blas.h"  // product
+#include "blas.h"  // product, transpose_into
 #include "hash_dropout.h"  // LRA_CLONES
 #include "kernel_args.h"
 
@@ -34,6 +34,7 @@ namespace {
 
 using lra::check;
 using lra::product;
+using lra::transpose_into;
 
 constexpr int64_t kBlock = 64;  // rows a block: 64 x 528 fp32 features = 135 KB, inside a core's L2
 
@@ -71,13 +72,6 @@ inline void fold_row(const T* xr, const T* gr, T* out, int64_t d) {
 // order (the same values; built without FMA contraction, as the scalar rows were). Row by row, the short inner loops
 // of the triangle (31 down to 1 pairs at D = 32) left lifting and folding at ~500 and ~1,200 cycles a row; the
 // products take the transposed operands from the BLAS at its full rate.
-
-// x [rows, cols] (row-major) -> xt [cols, rows]: a block's x into its columns, and a result back into its rows
-template <typename T>
-void transpose_into(const T* x, int64_t rows, int64_t cols, T* xt) {
-  for (int64_t a = 0; a < cols; ++a)
-    for (int64_t r = 0; r < rows; ++r) xt[a * rows + r] = x[r * cols + a];
-}
 
 // phi^T [F, rows] of the block whose x^T is [d, rows]: lift_row along the rows
 template <typename T>

@@ -40,11 +40,6 @@ class DegreeTwoFeatures(torch.autograd.Function):
         return built().backward(grad.reshape(rows.shape[0], -1).contiguous(), rows).view(ctx.shape)
 
 
-def _groups(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """`[..., n, k]` tensors as the kernel's contiguous `[G, n, k]` (G: the leading dims, batch × heads)."""
-    return [t.reshape(-1, *t.shape[-2:]).contiguous() for t in tensors]
-
-
 class DegreeTwoAttention(torch.autograd.Function):
     """`φ(xq) (wᵀ φ(xk))ᵀ`, `[..., n, C]`, for `xq, xk [..., n, D]` and `w [..., n, C]` (polynomial attention's
     `[V | 1]`, padded keys zeroed), with no `[..., n, F]` tensor made: the compiled `summary`, `apply` and
@@ -53,7 +48,7 @@ class DegreeTwoAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, xq: torch.Tensor, xk: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        queries, keys, values = _groups(xq, xk, w)
+        queries, keys, values = kernels.groups(xq, xk, w)
         summary = built().summary(keys, values)  # [G, C, F]
         ctx.save_for_backward(queries, keys, values, summary)
         ctx.shapes = xq.shape, xk.shape, w.shape
@@ -62,7 +57,7 @@ class DegreeTwoAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         queries, keys, values, summary = ctx.saved_tensors
-        (grad,) = _groups(grad)
+        (grad,) = kernels.groups(grad)
         grad_summary = built().summary(queries, grad)  # Gᵀ φ(Q)
         grad_q = built().backward_through(queries, grad, summary)  # φ's gradient G S, folded
         grad_k = built().backward_through(keys, values, grad_summary)  # φ's gradient W dS, folded
