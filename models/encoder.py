@@ -132,13 +132,22 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if fused(self.kernels, x):
-            return self.fused_forward(x, mask)
+            return self.fused_forward(x, mask)[0]
         x = x + self.attn(self.norm1(x), mask)
         return x + self.ffn(self.norm2(x))
 
-    def fused_forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def fused_forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        normed: torch.Tensor | None = None,
+        next_norm: nn.LayerNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward` through the compiled chain: each linear layer's bias joins the pass after its product (GELU and
-        dropout, or dropout and the residual add); the layer norms stay ATen's (already one vectorised pass)."""
+        dropout, or dropout and the residual add), and each residual add makes the layer norm that reads its output
+        in the same pass (`fused_encoder.bias_dropout_add_norm`). `normed`: this block's `norm1(x)`, made so by the
+        pass before (`Encoder.features`); `next_norm`: the norm after this block, whose output is returned beside x
+        (None: x alone)."""
         attn = self.attn
         fc1, drop1, fc2, drop2 = (
             cast(nn.Linear, self.ffn[0]),
@@ -146,11 +155,15 @@ class Block(nn.Module):
             cast(nn.Linear, self.ffn[3]),
             cast(nn.Dropout, self.ffn[4]),
         )
-        x = fused_encoder.bias_dropout_add(
-            x, attn(self.norm1(x), mask, unbiased=True), attn.out.bias, active_p(attn.dropout)
+        normed = self.norm1(x) if normed is None else normed
+        x, normed = fused_encoder.bias_dropout_add_norm(
+            x, attn(normed, mask, unbiased=True), attn.out.bias, active_p(attn.dropout), self.norm2
         )
-        h = fused_encoder.bias_gelu_dropout(fused_encoder.product(self.norm2(x), fc1.weight), fc1.bias, active_p(drop1))
-        return fused_encoder.bias_dropout_add(x, fused_encoder.product(h, fc2.weight), fc2.bias, active_p(drop2))
+        h = fused_encoder.bias_gelu_dropout(fused_encoder.product(normed, fc1.weight), fc1.bias, active_p(drop1))
+        y, p = fused_encoder.product(h, fc2.weight), active_p(drop2)
+        if next_norm is None:
+            return fused_encoder.bias_dropout_add(x, y, fc2.bias, p), None
+        return fused_encoder.bias_dropout_add_norm(x, y, fc2.bias, p, next_norm)
 
 
 def pool(x: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
@@ -223,21 +236,29 @@ class Encoder(nn.Module):
         nn.init.normal_(self.token_emb.weight, std=0.02)
         nn.init.normal_(self.pos_emb.weight, std=0.02)
 
-    def embed(self, ids: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def tokens(self, ids: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The token embeddings, the CLS token first where `cls` pooling prepends it, and the mask they go with."""
         x = self.token_emb(ids)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
             if mask is not None:
                 mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
-        if fused(self.kernels, x):  # the position add and the dropout in one pass
-            return fused_encoder.bias_dropout_add(None, x, self.pos_emb.weight[: x.shape[1]], active_p(self.drop)), mask
-        positions = torch.arange(x.shape[1], device=ids.device)
-        return self.drop(x + self.pos_emb(positions)), mask
+        return x, mask
 
     def features(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-position outputs `[B, N (+1 with CLS), dim]` after the final norm, and the mask they go with —
         what a sequence classifier pools and what a language-model head reads token by token."""
-        x, mask = self.embed(ids, mask)
+        x, mask = self.tokens(ids, mask)
+        if fused(self.kernels, x):  # every residual add with the layer norm after it (`Block.fused_forward`)
+            norms = [cast(Block, block).norm1 for block in self.blocks] + [self.norm]
+            position = self.pos_emb.weight[: x.shape[1]]  # the position add and the dropout in the same pass
+            x, first = fused_encoder.bias_dropout_add_norm(None, x, position, active_p(self.drop), norms[0])
+            normed: torch.Tensor | None = first
+            for block, next_norm in zip(self.blocks, norms[1:]):
+                x, normed = cast(Block, block).fused_forward(x, mask, normed, next_norm)
+            assert normed is not None  # each block was given the norm after it
+            return normed, mask
+        x = self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=ids.device)))
         for block in self.blocks:
             x = block(x, mask)
         return self.norm(x), mask

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(fused_encoder.kernel() is None, reason="the kern
 
 P = 0.3
 SEED = 1234
+EPS = 1e-5  # nn.LayerNorm's
 B, N, H, D, WIDTH = 2, 37, 3, 4, 10  # 74 rows: more than one block of rows for no width here (blocks are 16K values)
 
 
@@ -59,6 +60,16 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Any, Any]] = {
         lambda y, pos: (fused_encoder.BiasDropoutAdd.apply(None, y, pos, P, SEED),),
         lambda y, pos, dt: ((y + pos) * keep_scaled(B * N, WIDTH, dt).view(B, N, WIDTH),),
     ),
+    "bias + dropout + residual, and its layer norm": (
+        [(B, N, WIDTH), (B, N, WIDTH), (WIDTH,), (WIDTH,), (WIDTH,)],
+        lambda r, y, b, w, s: fused_encoder.BiasDropoutAddNorm.apply(r, y, b.view(1, -1), P, SEED, w, s, EPS),
+        lambda r, y, b, w, s, dt: _normed(r + (y + b) * keep_scaled(B * N, WIDTH, dt).view(B, N, WIDTH), w, s),
+    ),
+    "position + dropout (no residual), and its layer norm": (
+        [(B, N, WIDTH), (N, WIDTH), (WIDTH,), (WIDTH,)],
+        lambda y, pos, w, s: fused_encoder.BiasDropoutAddNorm.apply(None, y, pos, P, SEED, w, s, EPS),
+        lambda y, pos, w, s, dt: _normed((y + pos) * keep_scaled(B * N, WIDTH, dt).view(B, N, WIDTH), w, s),
+    ),
     "bias + gelu + dropout": (
         [(B, N, WIDTH), (WIDTH,)],
         lambda h, b: (fused_encoder.BiasGeluDropout.apply(h, b, P, SEED),),
@@ -80,6 +91,11 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Any, Any]] = {
         lambda ctx, dt: ((ctx * key_mask()[:, None, :, None]).transpose(1, 2).reshape(B, N, H * D),),
     ),
 }
+
+
+def _normed(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` and its layer norm, as the eager block computes the next sublayer's input."""
+    return x, F.layer_norm(x, (x.shape[-1],), weight, shift, EPS)
 
 
 def _eager_split(proj: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -157,6 +173,10 @@ THREAD_CASES: dict[str, tuple[list[tuple[int, ...]], Any]] = {
     "bias + dropout + residual": (
         [(2, 2048, 64), (2, 2048, 64), (64,)],
         lambda r, y, b: (fused_encoder.BiasDropoutAdd.apply(r, y, b.view(1, -1), 0.1, SEED),),
+    ),
+    "bias + dropout + residual, and its layer norm": (
+        [(2, 2048, 64), (2, 2048, 64), (64,), (64,), (64,)],
+        lambda r, y, b, w, s: fused_encoder.BiasDropoutAddNorm.apply(r, y, b.view(1, -1), 0.1, SEED, w, s, EPS),
     ),
     "position + dropout": (
         [(2, 2048, 64), (2048, 64)],

@@ -10,6 +10,8 @@
 // What it computes (R = B*N token rows; every bias is added here, after an unbiased matmul):
 //   bias_dropout_add:  out = residual + dropout(y + bias[r % P])       (P = 1: a linear layer's bias; P = N: the
 //                      position embedding; residual absent for the embedding's dropout)
+//   bias_dropout_add_norm: the same out, and normed = layer_norm(out) (the next sublayer's input) while the row is in
+//                      cache; its backward adds the norm's to out's gradient in the same pass
 //   bias_gelu_dropout: out = dropout(gelu(h + bias))                   (the FFN's first layer; GELU exact, with
 //                      erf, in the vectorisable form of `gelu.h`: ATen's own formula)
 //   split_heads:       q, k, v [B, H, N, D] = (proj [R, 3*H*D] + bias) in head-major order, v times the key mask
@@ -26,6 +28,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -33,6 +36,7 @@
 #include "gelu.h"
 #include "hash_dropout.h"
 #include "kernel_args.h"
+#include "vec_math.h"  // sum
 
 namespace {
 
@@ -322,6 +326,82 @@ std::vector<at::acc_type<T, false>> partials_for(int64_t rows, int64_t cols) {
   return std::vector<at::acc_type<T, false>>(blocks_of(rows, block_rows(cols)) * cols);
 }
 
+// The layer norm of one row x [n] in cache: normed = (x - mean) * rstd * weight + shift, with rstd = 1 / sqrt(the
+// biased variance + eps); the moments in two passes over the row as ATen's, each sum in 16 running lanes of the
+// data's type (ATen's CPU layer norm sums fp32 in fp32 too) so that the loops vectorise
+template <typename T>
+inline __attribute__((always_inline)) void norm_row_impl(const T* x, const T* weight, const T* shift, T* normed,
+                                                           T* stats, int64_t n, double eps) {
+  const T mean = lra::sum(x, n) / static_cast<T>(n);
+  constexpr int64_t kLanes = 16;
+  T lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += (x[j + l] - mean) * (x[j + l] - mean);
+  for (int64_t l = 0; j + l < n; ++l) lanes[l] += (x[j + l] - mean) * (x[j + l] - mean);
+  T squares = T(0);
+  for (int64_t l = 0; l < kLanes; ++l) squares += lanes[l];
+  const T rstd = T(1) / std::sqrt(squares / static_cast<T>(n) + static_cast<T>(eps));
+  for (int64_t i = 0; i < n; ++i) normed[i] = (x[i] - mean) * rstd * weight[i] + shift[i];
+  stats[0] = mean;
+  stats[1] = rstd;
+}
+
+LRA_CLONES void norm_row(const float* x, const float* weight, const float* shift, float* normed, float* stats,
+                         int64_t n, double eps) {
+  norm_row_impl(x, weight, shift, normed, stats, n, eps);
+}
+LRA_CLONES void norm_row(const double* x, const double* weight, const double* shift, double* normed, double* stats,
+                         int64_t n, double eps) {
+  norm_row_impl(x, weight, shift, normed, stats, n, eps);
+}
+
+// The layer norm's backward on one row, added to the gradient the row already has (the residual stream's):
+//   total = grad_out + rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = grad_normed * weight,  xhat = (x - mean) * rstd
+// and the row's terms of the weight's and the shift's gradients (grad_normed * xhat, grad_normed) accumulated
+template <typename T, typename A>
+inline __attribute__((always_inline)) void norm_grad_row_impl(const T* grad_out, const T* grad_normed, const T* x,
+                                                                const T* weight, const T* stats, T* total,
+                                                                A* weight_acc, A* shift_acc, int64_t n) {
+  const T m = stats[0], r = stats[1];
+  constexpr int64_t kLanes = 16;
+  T g_lanes[kLanes] = {}, gx_lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const T g = grad_normed[j + l] * weight[j + l];
+      g_lanes[l] += g;
+      gx_lanes[l] += g * ((x[j + l] - m) * r);
+    }
+  for (int64_t l = 0; j + l < n; ++l) {
+    const T g = grad_normed[j + l] * weight[j + l];
+    g_lanes[l] += g;
+    gx_lanes[l] += g * ((x[j + l] - m) * r);
+  }
+  T g_sum = T(0), gx_sum = T(0);
+  for (int64_t l = 0; l < kLanes; ++l) {
+    g_sum += g_lanes[l];
+    gx_sum += gx_lanes[l];
+  }
+  const T a = g_sum / static_cast<T>(n), c = gx_sum / static_cast<T>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const T xhat = (x[i] - m) * r;
+    weight_acc[i] += static_cast<A>(grad_normed[i] * xhat);
+    shift_acc[i] += static_cast<A>(grad_normed[i]);
+    total[i] = grad_out[i] + r * (grad_normed[i] * weight[i] - a - xhat * c);
+  }
+}
+
+LRA_CLONES void norm_grad_row(const float* grad_out, const float* grad_normed, const float* x, const float* weight,
+                              const float* stats, float* total, double* weight_acc, double* shift_acc, int64_t n) {
+  norm_grad_row_impl(grad_out, grad_normed, x, weight, stats, total, weight_acc, shift_acc, n);
+}
+LRA_CLONES void norm_grad_row(const double* grad_out, const double* grad_normed, const double* x,
+                              const double* weight, const double* stats, double* total, double* weight_acc,
+                              double* shift_acc, int64_t n) {
+  norm_grad_row_impl(grad_out, grad_normed, x, weight, stats, total, weight_acc, shift_acc, n);
+}
+
 void check_rows(const at::Tensor& t, const char* name, int64_t rows, int64_t cols) {
   TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, name, " must be [", rows, ", ", cols, "]");
 }
@@ -377,6 +457,80 @@ std::vector<at::Tensor> bias_dropout_add_backward(const at::Tensor& grad, int64_
                             : periodic_sums<scalar_t>(grad_y, period);
   });
   return {grad_y, grad_bias};
+}
+
+// out = residual + dropout(y + bias[r % P]) and normed = layer_norm(out) (weight, shift [F], eps) in one pass per row:
+// the next sublayer's input is made while the row is in cache. Returns out, normed and the rows' stats [R, 2] (mean,
+// rstd) for the backward.
+std::vector<at::Tensor> bias_dropout_add_norm_forward(const std::optional<at::Tensor>& residual, const at::Tensor& y,
+                                                      const at::Tensor& bias, double p, int64_t seed,
+                                                      const at::Tensor& weight, const at::Tensor& shift, double eps) {
+  check({{&y, "y"}, {&bias, "bias"}, {&weight, "weight"}, {&shift, "shift"}});
+  const int64_t rows = y.size(0), cols = y.size(1), period = bias.size(0);
+  check_rows(bias, "bias", period, cols);
+  TORCH_CHECK(period > 0 && rows % period == 0, "bias rows must divide y's rows");
+  TORCH_CHECK(weight.numel() == cols && shift.numel() == cols, "weight and shift must have y's columns");
+  if (residual.has_value()) {
+    check({{&y, "y"}, {&*residual, "residual"}});
+    check_rows(*residual, "residual", rows, cols);
+  }
+  const Dropout drop(p, seed);
+  auto out = at::empty_like(y), normed = at::empty_like(y), stats = at::empty({rows, 2}, y.options());
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "bias_dropout_add_norm_forward", [&] {
+    const scalar_t *ys = y.data_ptr<scalar_t>(), *bs = bias.data_ptr<scalar_t>();
+    const scalar_t *ws = weight.data_ptr<scalar_t>(), *ss = shift.data_ptr<scalar_t>();
+    const scalar_t* rs = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
+    scalar_t *os = out.data_ptr<scalar_t>(), *ns = normed.data_ptr<scalar_t>(), *st = stats.data_ptr<scalar_t>();
+    for_blocks(rows, cols, [&](int64_t r0, int64_t r1, int64_t) {
+      for (int64_t r = r0; r < r1; ++r) {
+        bias_drop_add_row(ys + r * cols, bs + (r % period) * cols, rs == nullptr ? nullptr : rs + r * cols,
+                          os + r * cols, cols, drop.key(r), drop.threshold, static_cast<scalar_t>(drop.scale));
+        norm_row(os + r * cols, ws, ss, ns + r * cols, st + 2 * r, cols, eps);
+      }
+    });
+  });
+  return {out, normed, stats};
+}
+
+// grad_out, grad_normed [R, F] (the gradients of out and of normed), out and stats from the forward -> the residual's
+// gradient (grad_out + the norm's backward: out's whole gradient), grad_y (that times keep * scale), grad_bias [P, F],
+// grad_weight, grad_shift [F], in one pass per row
+std::vector<at::Tensor> bias_dropout_add_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_normed,
+                                                       const at::Tensor& out, const at::Tensor& stats,
+                                                       const at::Tensor& weight, int64_t period, double p,
+                                                       int64_t seed) {
+  check({{&grad_out, "grad_out"}, {&grad_normed, "grad_normed"}, {&out, "out"}, {&stats, "stats"}, {&weight, "weight"}});
+  const int64_t rows = out.size(0), cols = out.size(1);
+  check_rows(grad_out, "grad_out", rows, cols);
+  check_rows(grad_normed, "grad_normed", rows, cols);
+  check_rows(stats, "stats", rows, 2);
+  TORCH_CHECK(period > 0 && rows % period == 0, "bias rows must divide the rows");
+  const Dropout drop(p, seed);
+  auto total = at::empty_like(out);
+  auto grad_y = drop.active() ? at::empty_like(out) : total;
+  at::Tensor grad_bias, grad_weight, grad_shift;
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "bias_dropout_add_norm_backward", [&] {
+    const scalar_t *go = grad_out.data_ptr<scalar_t>(), *gn = grad_normed.data_ptr<scalar_t>();
+    const scalar_t *xs = out.data_ptr<scalar_t>(), *st = stats.data_ptr<scalar_t>(), *ws = weight.data_ptr<scalar_t>();
+    scalar_t *ts = total.data_ptr<scalar_t>(), *dy = grad_y.data_ptr<scalar_t>();
+    auto bias_parts = partials_for<scalar_t>(period == 1 ? rows : 0, cols);
+    auto weight_parts = partials_for<scalar_t>(rows, cols), shift_parts = partials_for<scalar_t>(rows, cols);
+    for_blocks(rows, cols, [&](int64_t r0, int64_t r1, int64_t blk) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t at_row = r * cols;
+        norm_grad_row(go + at_row, gn + at_row, xs + at_row, ws, st + 2 * r, ts + at_row,
+                      weight_parts.data() + blk * cols, shift_parts.data() + blk * cols, cols);
+        if (drop.active())
+          drop_row(ts + at_row, dy + at_row, cols, drop.key(r), drop.threshold, static_cast<scalar_t>(drop.scale));
+        if (period == 1) accumulate_row(dy + at_row, bias_parts.data() + blk * cols, cols);
+      }
+    });
+    grad_bias = period == 1 ? sum_partials<scalar_t>(bias_parts, cols, out).view({1, cols})
+                            : periodic_sums<scalar_t>(grad_y, period);
+    grad_weight = sum_partials<scalar_t>(weight_parts, cols, out);
+    grad_shift = sum_partials<scalar_t>(shift_parts, cols, out);
+  });
+  return {total, grad_y, grad_bias, grad_weight, grad_shift};
 }
 
 // out = dropout(gelu(h + bias)): h [R, F], bias [F]
@@ -529,6 +683,10 @@ at::Tensor keep_mask(int64_t seed, int64_t rows, int64_t cols, double p) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("bias_dropout_add_forward", &bias_dropout_add_forward, "residual + dropout(y + bias): forward");
   module.def("bias_dropout_add_backward", &bias_dropout_add_backward, "residual + dropout(y + bias): backward");
+  module.def("bias_dropout_add_norm_forward", &bias_dropout_add_norm_forward,
+             "residual + dropout(y + bias), and its layer norm: forward");
+  module.def("bias_dropout_add_norm_backward", &bias_dropout_add_norm_backward,
+             "residual + dropout(y + bias), and its layer norm: backward");
   module.def("bias_gelu_dropout_forward", &bias_gelu_dropout_forward, "dropout(gelu(h + bias)): forward");
   module.def("bias_gelu_dropout_backward", &bias_gelu_dropout_backward, "dropout(gelu(h + bias)): backward");
   module.def("split_heads_forward", &split_heads_forward, "the qkv projection (+ bias) into heads: forward");

@@ -75,6 +75,56 @@ class BiasDropoutAdd(torch.autograd.Function):
         return grad_residual, grad_y.view(grad.shape), grad_bias.view(ctx.bias_shape), None, None
 
 
+class BiasDropoutAddNorm(torch.autograd.Function):
+    """`out = residual + dropout(y + bias)` and `layer_norm(out)` (`weight`, `shift`, `eps`) from one pass per row:
+    `BiasDropoutAdd` with the next sublayer's layer norm made while the row is in cache, and in the backward the norm's
+    gradient added to out's in the same pass (autograd would add them in a pass of its own)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        residual: torch.Tensor | None,
+        y: torch.Tensor,
+        bias: torch.Tensor,
+        p: float,
+        seed: int,
+        weight: torch.Tensor,
+        shift: torch.Tensor,
+        eps: float,
+    ):
+        out, normed, stats = built().bias_dropout_add_norm_forward(
+            None if residual is None else _rows(residual),
+            _rows(y),
+            bias.contiguous(),
+            p,
+            seed,
+            weight.contiguous(),
+            shift.contiguous(),
+            eps,
+        )
+        ctx.save_for_backward(out, stats, weight)
+        ctx.p, ctx.seed, ctx.bias_shape, ctx.has_residual = p, seed, bias.shape, residual is not None
+        return out.view(y.shape), normed.view(y.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_normed: torch.Tensor):
+        out, stats, weight = ctx.saved_tensors
+        total, grad_y, grad_bias, grad_weight, grad_shift = built().bias_dropout_add_norm_backward(
+            _rows(grad_out), _rows(grad_normed), out, stats, weight.contiguous(), ctx.bias_shape[0], ctx.p, ctx.seed
+        )
+        grad_residual = total.view(grad_out.shape) if ctx.has_residual else None
+        return (
+            grad_residual,
+            grad_y.view(grad_out.shape),
+            grad_bias.view(ctx.bias_shape),
+            None,
+            None,
+            grad_weight.view(weight.shape),
+            grad_shift.view(weight.shape),
+            None,
+        )
+
+
 class BiasGeluDropout(torch.autograd.Function):
     """`dropout(gelu(h + bias))` over `[..., F]`, `bias: [F]` (GELU exact, with erf, as `nn.GELU()`)."""
 
@@ -189,6 +239,17 @@ def _seed(p: float) -> int:
 def bias_dropout_add(residual: torch.Tensor | None, y: torch.Tensor, bias: torch.Tensor, p: float) -> torch.Tensor:
     """`residual + dropout(y + bias)` (`p` already 0 outside training); see `BiasDropoutAdd`."""
     return BiasDropoutAdd.apply(residual, y, bias.reshape(-1, y.shape[-1]), float(p), _seed(p))
+
+
+def bias_dropout_add_norm(
+    residual: torch.Tensor | None, y: torch.Tensor, bias: torch.Tensor, p: float, norm: torch.nn.LayerNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(x, norm(x))` for `x = residual + dropout(y + bias)` (`p` already 0 outside training); see
+    `BiasDropoutAddNorm`."""
+    x, normed = BiasDropoutAddNorm.apply(
+        residual, y, bias.reshape(-1, y.shape[-1]), float(p), _seed(p), norm.weight, norm.bias, float(norm.eps)
+    )
+    return x, normed
 
 
 def bias_gelu_dropout(h: torch.Tensor, bias: torch.Tensor, p: float) -> torch.Tensor:
