@@ -36,7 +36,7 @@
 #include "gelu.h"
 #include "hash_dropout.h"
 #include "kernel_args.h"
-#include "vec_math.h"  // sum
+#include "vec_math.h"  // lane_sum, sum, dot
 
 namespace {
 
@@ -327,20 +327,15 @@ std::vector<at::acc_type<T, false>> partials_for(int64_t rows, int64_t cols) {
 }
 
 // The layer norm of one row x [n] in cache: normed = (x - mean) * rstd * weight + shift, with rstd = 1 / sqrt(the
-// biased variance + eps); the moments in two passes over the row as ATen's, each sum in 16 running lanes of the
-// data's type (ATen's CPU layer norm sums fp32 in fp32 too) so that the loops vectorise
+// biased variance + eps); the moments in two passes over the row as ATen's, each a `lra::lane_sum` in the data's type
+// (ATen's CPU layer norm sums fp32 in fp32 too)
 template <typename T>
 inline __attribute__((always_inline)) void norm_row_impl(const T* x, const T* weight, const T* shift, T* normed,
                                                            T* stats, int64_t n, double eps) {
   const T mean = lra::sum(x, n) / static_cast<T>(n);
-  constexpr int64_t kLanes = 16;
-  T lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += (x[j + l] - mean) * (x[j + l] - mean);
-  for (int64_t l = 0; j + l < n; ++l) lanes[l] += (x[j + l] - mean) * (x[j + l] - mean);
-  T squares = T(0);
-  for (int64_t l = 0; l < kLanes; ++l) squares += lanes[l];
+  const T squares = lra::lane_sum<T>(n, [&](int64_t j) __attribute__((always_inline)) {
+    return (x[j] - mean) * (x[j] - mean);
+  });
   const T rstd = T(1) / std::sqrt(squares / static_cast<T>(n) + static_cast<T>(eps));
   for (int64_t i = 0; i < n; ++i) normed[i] = (x[i] - mean) * rstd * weight[i] + shift[i];
   stats[0] = mean;
@@ -364,25 +359,10 @@ inline __attribute__((always_inline)) void norm_grad_row_impl(const T* grad_out,
                                                                 const T* weight, const T* stats, T* total,
                                                                 A* weight_acc, A* shift_acc, int64_t n) {
   const T m = stats[0], r = stats[1];
-  constexpr int64_t kLanes = 16;
-  T g_lanes[kLanes] = {}, gx_lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const T g = grad_normed[j + l] * weight[j + l];
-      g_lanes[l] += g;
-      gx_lanes[l] += g * ((x[j + l] - m) * r);
-    }
-  for (int64_t l = 0; j + l < n; ++l) {
-    const T g = grad_normed[j + l] * weight[j + l];
-    g_lanes[l] += g;
-    gx_lanes[l] += g * ((x[j + l] - m) * r);
-  }
-  T g_sum = T(0), gx_sum = T(0);
-  for (int64_t l = 0; l < kLanes; ++l) {
-    g_sum += g_lanes[l];
-    gx_sum += gx_lanes[l];
-  }
+  const T g_sum = lra::dot(grad_normed, weight, n);
+  const T gx_sum = lra::lane_sum<T>(n, [&](int64_t j) __attribute__((always_inline)) {
+    return grad_normed[j] * weight[j] * ((x[j] - m) * r);
+  });
   const T a = g_sum / static_cast<T>(n), c = gx_sum / static_cast<T>(n);
   for (int64_t i = 0; i < n; ++i) {
     const T xhat = (x[i] - m) * r;
@@ -406,11 +386,8 @@ void check_rows(const at::Tensor& t, const char* name, int64_t rows, int64_t col
   TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, name, " must be [", rows, ", ", cols, "]");
 }
 
-}  // namespace
-
-// out = residual + dropout(y + bias[r % P]): y [R, F], bias [P, F] (P divides R), residual [R, F] or None
-at::Tensor bias_dropout_add_forward(const std::optional<at::Tensor>& residual, const at::Tensor& y,
-                                    const at::Tensor& bias, double p, int64_t seed) {
+// The arguments of residual + dropout(y + bias[r % P]): y [R, F], bias [P, F] with P dividing R, residual [R, F] or None
+void check_add_args(const std::optional<at::Tensor>& residual, const at::Tensor& y, const at::Tensor& bias) {
   check({{&y, "y"}, {&bias, "bias"}});
   const int64_t rows = y.size(0), cols = y.size(1), period = bias.size(0);
   check_rows(bias, "bias", period, cols);
@@ -419,6 +396,15 @@ at::Tensor bias_dropout_add_forward(const std::optional<at::Tensor>& residual, c
     check({{&y, "y"}, {&*residual, "residual"}});
     check_rows(*residual, "residual", rows, cols);
   }
+}
+
+}  // namespace
+
+// out = residual + dropout(y + bias[r % P]): y [R, F], bias [P, F] (P divides R), residual [R, F] or None
+at::Tensor bias_dropout_add_forward(const std::optional<at::Tensor>& residual, const at::Tensor& y,
+                                    const at::Tensor& bias, double p, int64_t seed) {
+  check_add_args(residual, y, bias);
+  const int64_t rows = y.size(0), cols = y.size(1), period = bias.size(0);
   const Dropout drop(p, seed);
   auto out = at::empty_like(y);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "bias_dropout_add_forward", [&] {
@@ -465,15 +451,10 @@ std::vector<at::Tensor> bias_dropout_add_backward(const at::Tensor& grad, int64_
 std::vector<at::Tensor> bias_dropout_add_norm_forward(const std::optional<at::Tensor>& residual, const at::Tensor& y,
                                                       const at::Tensor& bias, double p, int64_t seed,
                                                       const at::Tensor& weight, const at::Tensor& shift, double eps) {
-  check({{&y, "y"}, {&bias, "bias"}, {&weight, "weight"}, {&shift, "shift"}});
+  check_add_args(residual, y, bias);
+  check({{&weight, "weight"}, {&shift, "shift"}});
   const int64_t rows = y.size(0), cols = y.size(1), period = bias.size(0);
-  check_rows(bias, "bias", period, cols);
-  TORCH_CHECK(period > 0 && rows % period == 0, "bias rows must divide y's rows");
   TORCH_CHECK(weight.numel() == cols && shift.numel() == cols, "weight and shift must have y's columns");
-  if (residual.has_value()) {
-    check({{&y, "y"}, {&*residual, "residual"}});
-    check_rows(*residual, "residual", rows, cols);
-  }
   const Dropout drop(p, seed);
   auto out = at::empty_like(y), normed = at::empty_like(y), stats = at::empty({rows, 2}, y.options());
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "bias_dropout_add_norm_forward", [&] {

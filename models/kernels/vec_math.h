@@ -71,19 +71,25 @@ inline __attribute__((always_inline)) T maximum(const T* x, int64_t w) {
   return result;
 }
 
-// sum of x[0..n), element i in lane i % 16 of 16 running sums (so that the loop vectorises, and a sum over a prefix
-// followed by exact zeros is the prefix's sum bit for bit)
-template <typename T>
-inline __attribute__((always_inline)) T sum(const T* x, int64_t n) {
+// sum of term(0) .. term(n - 1), term j in lane j % 16 of 16 running sums, then the lanes in order (so that the loop
+// vectorises, and a sum over a prefix followed by exact zeros is the prefix's sum bit for bit): every sum over a row
+template <typename T, typename Term>
+inline __attribute__((always_inline)) T lane_sum(int64_t n, const Term& term) {
   constexpr int64_t kLanes = 16;
   T lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
-  for (int64_t l = 0; i + l < n; ++l) lanes[l] += x[i + l];
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += term(i + l);
+  for (int64_t l = 0; i + l < n; ++l) lanes[l] += term(i + l);
   T total = T(0);
   for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
   return total;
+}
+
+// sum of x[0..n) (`lane_sum`)
+template <typename T>
+inline __attribute__((always_inline)) T sum(const T* x, int64_t n) {
+  return lane_sum<T>(n, [x](int64_t j) __attribute__((always_inline)) { return x[j]; });
 }
 
 // p[0..n) = softmax of s[0..n) + bias[0..n), the biased scores left in s (p may be s): the maximum, exp, the sum in 16
@@ -99,18 +105,10 @@ inline __attribute__((always_inline)) void biased_softmax(T* s, const T* bias, T
   for (int64_t j = 0; j < n; ++j) p[j] *= inverse;
 }
 
-// x . y over n elements, in 16 running lanes so that the loop vectorises
+// x . y over n elements (`lane_sum`)
 template <typename T>
 inline __attribute__((always_inline)) T dot(const T* x, const T* y, int64_t n) {
-  constexpr int64_t kLanes = 16;
-  T lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * y[i + l];
-  for (int64_t l = 0; i + l < n; ++l) lanes[l] += x[i + l] * y[i + l];
-  T total = T(0);
-  for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
-  return total;
+  return lane_sum<T>(n, [x, y](int64_t j) __attribute__((always_inline)) { return x[j] * y[j]; });
 }
 
 }  // namespace lra
