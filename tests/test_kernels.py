@@ -80,6 +80,26 @@ def test_a_sequence_of_pads_only_attends_to_nothing() -> None:
     torch.testing.assert_close(out[0], materialised(q, k, v, keys, P, 3)[0], rtol=2e-5, atol=2e-5)
 
 
+def test_keys_after_the_last_attended_one_are_never_read() -> None:
+    """A head's blocks end at its last attended key (a right-padded sequence's pads have weight exactly 0): the
+    trailing pads' keys and values are not read — NaN there changes nothing, bit for bit — and get exact zero
+    gradients, while a pad with attended keys after it (a hole in the mask) is still masked as before."""
+    q, k, v, keys = inputs(torch.float32, b=2, h=2, n=300, d=8)
+    keys[0, 40:45] = False  # a hole: attended keys follow it
+    keys[1, 200:] = False  # a trailing run of pads
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    out = flash_attention.flash_dropout_attention(q, k, v, keys, P, seed=21)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    k_nan, v_nan = (t.detach().clone() for t in (k, v))
+    k_nan[1, :, 200:], v_nan[1, :, 200:] = float("nan"), float("nan")
+    k_nan.requires_grad_(), v_nan.requires_grad_()
+    out_nan = flash_attention.flash_dropout_attention(q, k_nan, v_nan, keys, P, seed=21)
+    grads_nan = torch.autograd.grad(out_nan, (q, k_nan, v_nan), upstream)
+    assert torch.equal(out, out_nan) and all(torch.equal(a, b) for a, b in zip(grads, grads_nan))
+    assert torch.all(grads[1][1, :, 200:] == 0) and torch.all(grads[2][1, :, 200:] == 0)
+    torch.testing.assert_close(out, materialised(q, k, v, keys, P, 21), rtol=2e-5, atol=2e-5)
+
+
 def test_torch_gradcheck_in_fp64() -> None:
     q, k, v, keys = inputs(torch.float64, b=1, h=2, n=20, d=4)
     bias = torch.zeros(keys.shape, dtype=torch.float64).masked_fill_(~keys, float("-inf"))

@@ -9,9 +9,9 @@
 // where keep is a Bernoulli(1 - p) mask made inside the kernel from a counter-based hash of (seed, batch*head,
 // row, column): the backward regenerates it from the same seed instead of storing it, as FlashAttention does on
 // GPUs. The mask depends only on the seed and the element's position, never on the thread count or the block size.
-// Products go through ATen's mm (the BLAS torch uses); the key bias and the softmax run in one pass per row while
-// it is in cache (vec_math.h: ATen's add_ and _softmax_out were two passes and two dispatches per block, ~7% of the
-// training step of full attention), and a row with no attended key is 0 rather than NaN. The softmax, the hash and
+// Products go through ATen's mm (the BLAS torch uses); the key bias, the softmax and the dropout run per row while
+// it is in cache (`weights_rows`; ATen's add_ and _softmax_out were two passes and two dispatches per block, ~7% of
+// the training step of full attention), and a row with no attended key is 0 rather than NaN. The softmax, the hash and
 // the elementwise gradient loops are compiled for AVX-512, AVX2 and a baseline, chosen at load time by the dynamic
 // loader (GCC target_clones), so one build runs on every x86-64 machine.
 //
@@ -29,16 +29,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "hash_dropout.h"
 #include "kernel_args.h"
-#include "vec_math.h"  // biased_softmax
+#include "vec_math.h"  // maximum, lane_sum, exp_t
 
 namespace {
 
 using lra::check;
-using lra::drop_row;
 using lra::drop_threshold;
 using lra::keep_scale;
 using lra::kept;
@@ -62,41 +62,85 @@ LRA_CLONES void grad_row(const double* p, const double* dpdrop, double* ds, int6
   grad_row_impl(p, dpdrop, ds, n, key, threshold, scale, d);
 }
 
-// probs [rows, m] = softmax of each row of scores [rows, m] plus the key bias [m], in one pass over the row while it
-// is in cache (the bias added, the maximum, exp, the sum in 16 lanes, the scaling); a row without an attended key
-// (bias -inf on every key: a sequence of pads only) is 0 rather than ATen's NaN
+// One block's attention weights from the mm's scores [rows, m], per row while it is in cache: the key bias added
+// and the maximum (two passes), exp into the scores' own row with the sum in the same pass (`lane_sum`'s order, as a
+// separate sum over the row would add them), then one scaling pass writing P (`probs`, where the caller keeps it:
+// the backward) and its dropped form P * keep / (1 - p) over the scores. A row without an attended key (bias -inf on
+// every key: a sequence of pads only) is 0 rather than ATen's NaN.
+// Why one pass per row for all of it: the softmax, then a dropout pass over a second 1 MiB buffer, were six passes
+// and twice the block's memory (a [128, 2048] block of scores and one of weights: more than a 1.25 MiB L2); the
+// forward needs no undropped P at all. The same operations in the same order, so the same bits.
 template <typename T>
-inline __attribute__((always_inline)) void softmax_rows_impl(T* scores, const T* bias, T* probs, int64_t rows,
-                                                             int64_t m) {
+inline __attribute__((always_inline)) void weights_rows_impl(T* scores, const T* bias, T* probs, int64_t rows,
+                                                             int64_t m, uint64_t seed, int64_t bh, int64_t row0,
+                                                             int64_t n, uint32_t threshold, T keep) {
   for (int64_t i = 0; i < rows; ++i) {
-    lra::biased_softmax(scores + i * m, bias, probs + i * m, m);
+    T* s = scores + i * m;
+    for (int64_t j = 0; j < m; ++j) s[j] += bias[j];
+    const T top = lra::maximum(s, m);
+    const T shift = top == -std::numeric_limits<T>::infinity() ? T(0) : top;
+    const T total = lra::lane_sum<T>(m, [s, shift](int64_t j) __attribute__((always_inline)) {
+      const T e = lra::exp_t(s[j] - shift);
+      s[j] = e;
+      return e;
+    });
+    const T inverse = total > T(0) ? T(1) / total : T(0);
+    const uint32_t key = row_key(seed, bh, row0 + i, n);
+    if (probs != nullptr) {
+      T* p = probs + i * m;
+      for (int64_t j = 0; j < m; ++j) {
+        p[j] = s[j] * inverse;
+        s[j] = p[j] * lra::keep_factor(key, j, threshold, keep);
+      }
+    } else {
+      for (int64_t j = 0; j < m; ++j) s[j] = (s[j] * inverse) * lra::keep_factor(key, j, threshold, keep);
+    }
   }
 }
 
-LRA_CLONES void softmax_rows(float* scores, const float* bias, float* probs, int64_t rows, int64_t m) {
-  softmax_rows_impl(scores, bias, probs, rows, m);
+LRA_CLONES void weights_rows(float* scores, const float* bias, float* probs, int64_t rows, int64_t m, uint64_t seed,
+                             int64_t bh, int64_t row0, int64_t n, uint32_t threshold, float keep) {
+  weights_rows_impl(scores, bias, probs, rows, m, seed, bh, row0, n, threshold, keep);
 }
-LRA_CLONES void softmax_rows(double* scores, const double* bias, double* probs, int64_t rows, int64_t m) {
-  softmax_rows_impl(scores, bias, probs, rows, m);
+LRA_CLONES void weights_rows(double* scores, const double* bias, double* probs, int64_t rows, int64_t m,
+                             uint64_t seed, int64_t bh, int64_t row0, int64_t n, uint32_t threshold, double keep) {
+  weights_rows_impl(scores, bias, probs, rows, m, seed, bh, row0, n, threshold, keep);
 }
 
-// P (or its dropped form) of one block: scores, then the key bias and the softmax in one pass per row
-void block_probs(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_row, at::Tensor& scores,
-                 at::Tensor& probs) {
+// rows [row0, row0 + r) of head h: scores = Q_blk K^T, then `weights_rows` (Pdrop into `scores`, P into `probs` when
+// it is defined)
+void block_weights(const at::Tensor& q_blk, const at::Tensor& k_t, const at::Tensor& bias_h, at::Tensor& scores,
+                   const at::Tensor* probs, uint64_t seed, int64_t h, int64_t row0, int64_t n, uint32_t threshold,
+                   double keep) {
   at::mm_out(scores, q_blk, k_t);
-  AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "flash_block_softmax", [&] {
-    softmax_rows(scores.data_ptr<scalar_t>(), bias_row.data_ptr<scalar_t>(), probs.data_ptr<scalar_t>(),
-                 scores.size(0), scores.size(1));
+  AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "flash_block_weights", [&] {
+    weights_rows(scores.data_ptr<scalar_t>(), bias_h.data_ptr<scalar_t>(),
+                 probs != nullptr ? probs->data_ptr<scalar_t>() : nullptr, scores.size(0), scores.size(1), seed, h,
+                 row0, n, threshold, static_cast<scalar_t>(keep));
   });
 }
 
-template <typename T>
-void apply_dropout(at::Tensor& probs, at::Tensor& out, uint64_t seed, int64_t bh, int64_t row0, int64_t rows,
-                   uint32_t threshold, double scale) {
-  const int64_t r = probs.size(0), n = probs.size(1);
-  for (int64_t i = 0; i < r; ++i)
-    drop_row(probs.data_ptr<T>() + i * n, out.data_ptr<T>() + i * n, n, row_key(seed, bh, row0 + i, rows),
-             threshold, static_cast<T>(scale));
+// The keys a head's weights can be non-zero on: [0, last key with a finite bias]. Why: the keys after it (a right-
+// padded sequence's pads: ListOps' median example fills 955 of its 2,048 positions) have weight exactly 0 in every
+// row, so their scores, exponentials and products change no value; each block of the head is [rows, attended] (the
+// variable-length form of flash attention), their gradients are exact zeros, and the dropout mask, drawn from each
+// element's position, is the same. A mask with holes keeps its holes (only the trailing run is left out).
+int64_t attended_keys(const at::Tensor& bias_h) {
+  int64_t attended = 0;
+  AT_DISPATCH_FLOATING_TYPES(bias_h.scalar_type(), "flash_attended_keys", [&] {
+    const scalar_t* b = bias_h.data_ptr<scalar_t>();
+    for (int64_t j = bias_h.size(0); j > 0; --j)
+      if (b[j - 1] != -std::numeric_limits<scalar_t>::infinity()) {
+        attended = j;
+        break;
+      }
+  });
+  return attended;
+}
+
+// the first rows x cols elements of a flat buffer as a contiguous [rows, cols] matrix (a block of a head's width)
+at::Tensor matrix(const at::Tensor& buffer, int64_t rows, int64_t cols) {
+  return buffer.narrow(0, 0, rows * cols).view({rows, cols});
 }
 
 }  // namespace
@@ -110,20 +154,17 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const double scale = keep_scale(threshold);
   auto out = at::empty({bh, n, v.size(2)}, q.options());
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
-    auto scores = at::empty({kQueryBlock, m}, q.options());
-    auto probs = at::empty({kQueryBlock, m}, q.options());
+    auto scores = at::empty({kQueryBlock * m}, q.options());
     for (int64_t h = begin; h < end; ++h) {
-      const auto k_t = k[h].t();
-      const auto bias_row = bias[h].unsqueeze(0);
+      const int64_t mh = attended_keys(bias[h]);
+      const auto k_t = k[h].narrow(0, 0, mh).t(), v_h = v[h].narrow(0, 0, mh), bias_h = bias[h].narrow(0, 0, mh);
       for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
         const int64_t r = std::min(kQueryBlock, n - row0);
-        auto s = scores.narrow(0, 0, r), pr = probs.narrow(0, 0, r);
-        block_probs(q[h].narrow(0, row0, r), k_t, bias_row, s, pr);
-        AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flash_dropout_forward", [&] {
-          apply_dropout<scalar_t>(pr, s, static_cast<uint64_t>(seed), h, row0, n, threshold, scale);
-        });
+        auto s = matrix(scores, r, mh);
+        block_weights(q[h].narrow(0, row0, r), k_t, bias_h, s, nullptr, static_cast<uint64_t>(seed), h, row0, n,
+                      threshold, scale);
         auto o = out[h].narrow(0, row0, r);
-        at::mm_out(o, s, v[h]);
+        at::mm_out(o, s, v_h);
       }
     }
   });
@@ -140,37 +181,40 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q
   const double scale = keep_scale(threshold);
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
-    auto scores = at::empty({kQueryBlock, m}, q.options());
-    auto probs = at::empty({kQueryBlock, m}, q.options());
-    auto dk_t = at::empty({k.size(2), m}, q.options()), dv_t = at::empty({v.size(2), m}, q.options());
+    auto scores = at::empty({kQueryBlock * m}, q.options());
+    auto probs = at::empty({kQueryBlock * m}, q.options());
+    auto dk_buffer = at::empty({k.size(2) * m}, q.options()), dv_buffer = at::empty({v.size(2) * m}, q.options());
     for (int64_t h = begin; h < end; ++h) {
-      const auto k_t = k[h].t();
-      const auto v_t = v[h].t();
-      const auto bias_row = bias[h].unsqueeze(0);
+      const int64_t mh = attended_keys(bias[h]);
+      const auto k_h = k[h].narrow(0, 0, mh), v_t = v[h].narrow(0, 0, mh).t(), bias_h = bias[h].narrow(0, 0, mh);
+      const auto k_t = k_h.t();
+      auto dk_t = matrix(dk_buffer, k.size(2), mh), dv_t = matrix(dv_buffer, v.size(2), mh);
       dk_t.zero_();
       dv_t.zero_();
       for (int64_t row0 = 0; row0 < n; row0 += kQueryBlock) {
         const int64_t r = std::min(kQueryBlock, n - row0);
-        auto s = scores.narrow(0, 0, r), pr = probs.narrow(0, 0, r);
+        auto s = matrix(scores, r, mh), pr = matrix(probs, r, mh);
         const auto q_blk = q[h].narrow(0, row0, r), go = grad_out[h].narrow(0, row0, r);
-        block_probs(q_blk, k_t, bias_row, s, pr);
+        block_weights(q_blk, k_t, bias_h, s, &pr, static_cast<uint64_t>(seed), h, row0, n, threshold, scale);
         AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "flash_dropout_backward", [&] {
-          apply_dropout<scalar_t>(pr, s, static_cast<uint64_t>(seed), h, row0, n, threshold, scale);
           dv_t.addmm_(go.t(), s);  // dV^T += dO^T Pdrop
           at::mm_out(s, go, v_t);  // dPdrop = dO V^T, into the scores buffer
           const scalar_t* d = delta[h].data_ptr<scalar_t>() + row0;
           for (int64_t i = 0; i < r; ++i) {
-            scalar_t* row = pr.data_ptr<scalar_t>() + i * m;
-            grad_row(row, s.data_ptr<scalar_t>() + i * m, row, m, row_key(static_cast<uint64_t>(seed), h, row0 + i, n),
-                     threshold, static_cast<scalar_t>(scale), d[i]);
+            scalar_t* row = pr.data_ptr<scalar_t>() + i * mh;
+            grad_row(row, s.data_ptr<scalar_t>() + i * mh, row, mh,
+                     row_key(static_cast<uint64_t>(seed), h, row0 + i, n), threshold, static_cast<scalar_t>(scale),
+                     d[i]);
           }
         });
         auto dq_blk = dq[h].narrow(0, row0, r);
-        at::mm_out(dq_blk, pr, k[h]);  // dQ = dS K
+        at::mm_out(dq_blk, pr, k_h);  // dQ = dS K
         dk_t.addmm_(q_blk.t(), pr);   // dK^T += Q^T dS
       }
-      dk[h].copy_(dk_t.t());
-      dv[h].copy_(dv_t.t());
+      dk[h].narrow(0, 0, mh).copy_(dk_t.t());
+      dv[h].narrow(0, 0, mh).copy_(dv_t.t());
+      dk[h].narrow(0, mh, m - mh).zero_();  // the keys past the last attended one: no weight, no gradient
+      dv[h].narrow(0, mh, m - mh).zero_();
     }
   });
   return {dq, dk, dv};
