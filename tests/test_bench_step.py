@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from lra_bench.bench import step as bench_step
+from lra_bench.bench.machine import Yardstick
 from tests.conftest import REPO
 
 SMALL = ["task.seq_len=128", "task.max_length=100", "model.dim=16", "model.ffn_dim=32", "data.batch_size=4"]
@@ -89,6 +91,31 @@ def test_the_kernel_paths_are_timed_round_robin_in_one_process() -> None:
     rows = bench_step.time_side_by_side(setups, steps=1, warmup=0, eval_batches=1)
     assert [r.attn for r in rows] == ["full (fused kernels)", "full (eager kernels)"]
     assert rows[0].flops_step == rows[1].flops_step and rows[0].load_1m == rows[1].load_1m
+
+
+def test_the_matmul_rate_is_timed_on_the_second_yardstick_call_of_a_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The yardstick's first call after a step can be slowed by what that step left behind (after full attention's
+    eager step: a third of the rate); each round runs it twice and times the second. A clock that charges 3 s to
+    the first call after a step and 1 s to any other: the rate is flops / 1 s."""
+    after_step = {"now": False}
+
+    def step(_: int) -> float:
+        after_step["now"] = True
+        return 2.0
+
+    def yardstick(_: int) -> float:
+        seconds = 3.0 if after_step["now"] else 1.0
+        after_step["now"] = False
+        return seconds
+
+    monkeypatch.setattr(bench_step, "timed", lambda device, call, *args: call(*args))
+    monkeypatch.setattr(bench_step, "matmul_yardstick", lambda device: Yardstick(yardstick, 2048, 10.0))
+    cfg = OmegaConf.create(
+        {"task": {"seq_len": 8}, "trainer": {"max_steps": 10, "val_check_interval": 5, "limit_val_batches": 1}}
+    )
+    setup = bench_step.Setup("x", "listops", "p", cfg, torch.device("cpu"), "32-true", 1, 40.0, step, lambda _: 0.5)
+    (row,) = bench_step.time_side_by_side([setup], steps=3, warmup=1, eval_batches=1)
+    assert row.matmul_flops_per_s == 10.0 and row.step_s == 2.0 and row.limit_s == 4.0
 
 
 def test_a_compiled_core_is_charged_the_work_of_its_eager_form() -> None:

@@ -231,14 +231,18 @@ def time_side_by_side(
     """Time each setup's training step and evaluation batch round-robin — step i of every setup before step i + 1
     of any — so that a change in the machine's load while they run falls on every row alike (the way to compare two
     paths of one network on a shared machine). Without a given `rate`, the yardstick matmul takes its turn in every
-    round too, and the rows' limit is its median rate under the same load. Each row's load is the mean 1-minute load
-    average over the whole timing."""
+    round too, and the rows' limit is its median rate under the same load. It runs twice a turn and the second call
+    is the one timed: the first after a step that materialised gigabytes (full attention's eager form) ran at a third
+    of the rate of the calls after it (31–50 against 130–155 GFLOP/s, Intel Ice Lake, one thread), and made the full
+    rows' limit ~2.7× too long. Each row's load is the mean 1-minute load average over the whole timing."""
     device = setups[0].device
     yardstick = None if rate is not None else matmul_yardstick(device)
     load = os.getloadavg()[0]
-    times = _round_robin([s.step for s in setups] + ([yardstick.call] if yardstick else []), warmup, steps, device)
+    settle_and_time = [yardstick.call, yardstick.call] if yardstick else []
+    times = _round_robin([s.step for s in setups] + settle_and_time, warmup, steps, device)
     if yardstick is not None:
         rate = yardstick.flops / statistics.median(times.pop())
+        times.pop()  # the settling call's
     eval_times = _round_robin([s.evaluate for s in setups], 1, eval_batches, device)
     load = (load + os.getloadavg()[0]) / 2
     assert rate is not None
