@@ -84,7 +84,8 @@ def step_body(runs: list[dict[str, Any]], tables: str) -> str:
         "",
         "The protocol's own network, loss, backward and AdamW step (`python -m lra_bench.bench.step`), beside this "
         "machine's fp32 matmul rate measured in the same process (between the steps, since the bench times the "
-        "yardstick round-robin with them); *step / limit* is the step time over the time its "
+        "yardstick round-robin with them, twice a round with the second call timed, from ab58871 on); *step / "
+        "limit* is the step time over the time its "
         "FLOPs would take at that rate; *whole protocol* projects 5000 steps plus 100 evaluations of 62 batches.",
         "",
     ]
